@@ -1,0 +1,102 @@
+"""How a rollout worker reaches environments: over HTTP (`RemoteEnvs`, the service) or
+in-process (`LocalEnvs`, tests and the simulator). Both raise `EnvUnavailable` for
+infrastructure trouble; a 422 from the env (bad task) raises `EnvRejected`."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import httpx
+
+from env_workers import registry
+from env_workers.env import Env, EnvError, StepResult
+from rollout_service.protocol import EnvOpened, EnvStepped, Message
+
+
+class EnvUnavailable(Exception):
+    """The env worker could not be reached or failed; retryable elsewhere."""
+
+
+class EnvRejected(Exception):
+    """The environment refused the task or action (its own error); not retryable."""
+
+
+@dataclass(slots=True)
+class EnvHandle:
+    session_id: str
+    base_url: str  # "" for in-process
+
+
+class EnvBackend(Protocol):
+    async def open(self, env: str, task: dict[str, Any], seed: int | None) -> tuple[EnvHandle, list[Message]]: ...
+    async def step(self, h: EnvHandle, action: str) -> StepResult: ...
+    async def close(self, h: EnvHandle) -> None: ...
+
+
+class LocalEnvs:
+    def __init__(self) -> None:
+        self._envs: dict[str, Env] = {}
+
+    async def open(self, env: str, task: dict[str, Any], seed: int | None) -> tuple[EnvHandle, list[Message]]:
+        e = registry.make(env)
+        try:
+            obs, _ = e.reset(task, seed)
+        except EnvError as err:
+            raise EnvRejected(str(err)) from err
+        sid = uuid.uuid4().hex
+        self._envs[sid] = e
+        return EnvHandle(sid, ""), obs
+
+    async def step(self, h: EnvHandle, action: str) -> StepResult:
+        try:
+            return self._envs[h.session_id].step(action)
+        except EnvError as err:
+            raise EnvRejected(str(err)) from err
+
+    async def close(self, h: EnvHandle) -> None:
+        e = self._envs.pop(h.session_id, None)
+        if e is not None:
+            e.close()
+
+
+class RemoteEnvs:
+    """Talks to env workers; `pick(env)` chooses the worker URL for a new session."""
+
+    def __init__(self, pick, client: httpx.AsyncClient | None = None, timeout_s: float = 120.0):
+        self._pick = pick  # async (env name) -> base url
+        self._client = client or httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=5.0))
+
+    async def _post(self, url: str, body: dict) -> dict:
+        try:
+            r = await self._client.post(url, json=body)
+        except httpx.HTTPError as e:
+            raise EnvUnavailable(f"env worker unreachable: {e!r}") from e
+        if r.status_code == 422:
+            raise EnvRejected(r.json().get("error", {}).get("message", r.text))
+        if r.status_code != 200:
+            raise EnvUnavailable(f"env worker answered {r.status_code}: {r.text[:300]}")
+        return r.json()
+
+    async def open(self, env: str, task: dict[str, Any], seed: int | None) -> tuple[EnvHandle, list[Message]]:
+        try:
+            base = await self._pick(env)
+        except LookupError as e:
+            raise EnvUnavailable(str(e)) from e
+        got = EnvOpened.model_validate(await self._post(f"{base}/v1/sessions", {"env": env, "task": task, "seed": seed}))
+        return EnvHandle(got.session_id, base), got.observation
+
+    async def step(self, h: EnvHandle, action: str) -> StepResult:
+        got = EnvStepped.model_validate(await self._post(f"{h.base_url}/v1/sessions/{h.session_id}/step",
+                                                         {"action": action}))
+        return StepResult(got.observation, got.reward, got.terminated, got.truncated, got.info)
+
+    async def close(self, h: EnvHandle) -> None:
+        try:
+            await self._client.delete(f"{h.base_url}/v1/sessions/{h.session_id}")
+        except httpx.HTTPError:
+            pass  # the worker's idle reaper closes it
+
+    async def aclose(self) -> None:
+        await self._client.aclose()

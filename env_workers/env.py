@@ -1,0 +1,37 @@
+"""The environment protocol (Gymnasium's shape, with chat messages as observations).
+
+    obs, info = env.reset(task, seed)          # obs: the opening messages (system, user)
+    obs, reward, terminated, truncated, info = env.step(action_text)
+
+An environment is synchronous and owns one episode; the env worker runs it in a thread.
+A tool error goes back to the model as text in the observation; an exception from
+`reset`/`step` is an infrastructure failure of kind `env`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from rollout_service.protocol import Message
+
+
+@dataclass(slots=True)
+class StepResult:
+    observation: list[Message]
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Env(Protocol):
+    def reset(self, task: dict[str, Any], seed: int | None = None) -> tuple[list[Message], dict[str, Any]]: ...
+
+    def step(self, action: str) -> StepResult: ...
+
+    def close(self) -> None: ...
+
+
+class EnvError(Exception):
+    """Raised by an environment that cannot continue (bad task payload, broken state)."""

@@ -1,0 +1,52 @@
+"""The environment registry: name -> spec -> `make(name)`.
+
+    from env_workers.registry import make
+    env = make("calc")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from env_workers.env import Env
+
+
+@dataclass(slots=True)
+class EnvSpec:
+    name: str
+    factory: Callable[[], Env]
+    description: str
+    example_tasks: list[dict[str, Any]] = field(default_factory=list)
+
+
+_REGISTRY: dict[str, EnvSpec] = {}
+
+
+def register(spec: EnvSpec) -> None:
+    if spec.name in _REGISTRY:
+        raise ValueError(f"environment {spec.name!r} is already registered")
+    _REGISTRY[spec.name] = spec
+
+
+def spec(name: str) -> EnvSpec:
+    _load_builtin()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown environment {name!r}; known: {', '.join(sorted(_REGISTRY))}") from None
+
+
+def make(name: str) -> Env:
+    return spec(name).factory()
+
+
+def names() -> list[str]:
+    _load_builtin()
+    return sorted(_REGISTRY)
+
+
+def _load_builtin() -> None:
+    # Importing the package registers every built-in environment exactly once.
+    import env_workers.envs  # noqa: F401

@@ -1,0 +1,68 @@
+"""The gateway: validates, persists and reads. It never runs an episode.
+
+    app = create_app(Settings.from_env())      # uvicorn rollout_service.app:main --factory
+
+`lifespan` connects Redis and fills `app.state` (queue, store, registry, metrics); tests
+may pass their own Redis client instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import redis.asyncio as aioredis
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from rollout_service import __version__, errors
+from rollout_service.config import Settings
+from rollout_service.metrics import Metrics
+from rollout_service.routes import admin, batches, health
+from scheduler.keys import Keys
+from scheduler.queue import Queue
+from scheduler.registry import Registry
+from scheduler.store import Store
+
+
+def create_app(settings: Settings | None = None, redis: aioredis.Redis | None = None) -> FastAPI:
+    settings = settings or Settings.from_env()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        r = redis or aioredis.from_url(settings.redis_url)
+        keys = Keys(settings.key_prefix)
+        app.state.settings = settings
+        app.state.queue = Queue(r, keys, settings.lease_s, settings.max_attempts)
+        app.state.store = Store(r, keys)
+        app.state.registry = Registry(r, keys)
+        app.state.metrics = Metrics()
+        yield
+        if redis is None:
+            await r.aclose()
+
+    app = FastAPI(title="rollout-service", version=__version__, lifespan=lifespan,
+                  description="Rollout-as-a-service for RL training of multi-turn LLM agents.")
+    errors.install(app)
+
+    @app.middleware("http")
+    async def limit_and_count(request: Request, call_next):
+        size = request.headers.get("content-length")
+        if size is not None and (not size.isdigit() or int(size) > settings.max_request_bytes):
+            return JSONResponse(errors.body("too_large", f"request body over {settings.max_request_bytes} bytes"),
+                                status_code=413)
+        response = await call_next(request)
+        route = request.scope.get("route")
+        metrics = getattr(request.app.state, "metrics", None)
+        if metrics is not None:
+            metrics.requests.labels(route=getattr(route, "path", "unmatched"), status=str(response.status_code)).inc()
+        return response
+
+    app.include_router(health.router)
+    app.include_router(batches.router)
+    app.include_router(admin.router)
+    return app
+
+
+def main() -> FastAPI:
+    """Factory for `uvicorn --factory rollout_service.app:main`."""
+    return create_app(Settings.from_env())

@@ -1,0 +1,364 @@
+"""The `rollout` command.
+
+    rollout up                                  # everything, on this machine
+    rollout submit examples/math.jsonl --group-size 4 --wait
+    rollout status [BATCH] | cancel BATCH | engines [add ID URL | rm ID] | workers
+
+and the single-process entry points a deployment runs: `gateway`, `worker`, `env-worker`,
+`sim-engine`. Every option has `--help`; the gateway URL comes from `--url` or
+`$ROLLOUT_URL` (default http://127.0.0.1:8000).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from rollout_service.config import Settings
+
+console = Console()
+
+
+def _url(args) -> str:
+    return args.url or os.environ.get("ROLLOUT_URL", "http://127.0.0.1:8000")
+
+
+# ---- long-running processes ----
+
+def cmd_gateway(args) -> None:
+    import uvicorn
+
+    from rollout_service.app import create_app
+
+    s = Settings.from_env(host=args.host, port=args.port)
+    uvicorn.run(create_app(s), host=s.host, port=s.port, log_level="warning")
+
+
+def cmd_worker(args) -> None:
+    import redis.asyncio as aioredis
+
+    from env_workers.client import RemoteEnvs
+    from rollout_service.engines.fleet import Fleet
+    from rollout_service.worker import Worker
+    from scheduler.keys import Keys
+    from scheduler.queue import Queue
+    from scheduler.registry import Registry
+    from scheduler.store import Store
+
+    s = Settings.from_env()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+
+    async def main() -> None:
+        r = aioredis.from_url(s.redis_url)
+        keys = Keys(s.key_prefix)
+        reg = Registry(r, keys)
+        worker = Worker(Queue(r, keys, s.lease_s, s.max_attempts), Store(r, keys), Fleet(discover=reg.engines),
+                        RemoteEnvs(reg.pick_worker), concurrency=args.concurrency or s.worker_concurrency)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        logging.info("worker %s started (concurrency %d)", worker.id, worker.concurrency)
+        await worker.run(stop)
+
+    asyncio.run(main())
+
+
+def cmd_env_worker(args) -> None:
+    from env_workers.server import serve
+
+    s = Settings.from_env()
+    serve(args.host, args.port, s.redis_url, s.key_prefix, args.id)
+
+
+def cmd_sim_engine(args) -> None:
+    from rollout_service.engines.sim_server import serve
+
+    serve(args.host, args.port, args.seed, args.time_scale)
+
+
+def cmd_up(args) -> None:
+    from rollout_service import up
+
+    s = Settings.from_env(port=args.port)
+    if up.port_in_use(s.host, s.port):
+        raise SystemExit(f"port {s.port} is taken; pass --port")
+    logs = up.cache_dir() / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    sup = up.Supervisor(say=console.print)
+
+    def _terminate(*_):  # SIGTERM stops the children too, like Ctrl-C
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _terminate)
+    console.print("[bold]rollout up[/]")
+    try:
+        redis_url = args.redis_url or os.environ.get("ROLLOUT_REDIS_URL")
+        if not redis_url:
+            rport = up.free_port()
+            data = up.cache_dir() / "redis"
+            data.mkdir(parents=True, exist_ok=True)
+            redis_url = f"redis://127.0.0.1:{rport}/0"
+            sup.add(up.Child("redis (embedded)", [up.redis_server_binary(), "--port", str(rport), "--bind", "127.0.0.1",
+                                                   "--dir", str(data), "--appendonly", "yes", "--save", ""],
+                             env, log=logs / "redis.log"))
+            up.wait_redis(redis_url, 10)
+        env["ROLLOUT_REDIS_URL"] = redis_url
+        env["ROLLOUT_KEY_PREFIX"] = s.key_prefix
+
+        engine_url, tokenizer = args.engine_url, args.tokenizer
+        if not engine_url:
+            eport = up.free_port()
+            engine_url, tokenizer = f"http://127.0.0.1:{eport}", "byte"
+            sup.add(up.Child("engine (simulated)", up.self_cmd("sim-engine", "--port", str(eport), "--time-scale",
+                                                               str(args.sim_time_scale)),
+                             env, f"{engine_url}/health", log=logs / "engine.log"))
+        _register_engine(redis_url, s.key_prefix, "engine-0", engine_url, args.model, tokenizer)
+
+        for i in range(args.env_workers):
+            wport = up.free_port()
+            sup.add(up.Child(f"env worker {i}", up.self_cmd("env-worker", "--port", str(wport), "--id", f"env-{i}"),
+                             env, f"http://127.0.0.1:{wport}/healthz", log=logs / f"env-worker-{i}.log"))
+        for i in range(args.workers):
+            sup.add(up.Child(f"rollout worker {i}", up.self_cmd("worker"), env, log=logs / f"worker-{i}.log"))
+        sup.add(up.Child("gateway", up.self_cmd("gateway", "--host", s.host, "--port", str(s.port)), env,
+                         f"http://{s.host}:{s.port}/healthz", log=logs / "gateway.log"))
+        console.print(f"\n[bold green]ready[/]  gateway http://{s.host}:{s.port}  (API docs: /docs)   logs: {logs}")
+        console.print("try:  rollout submit examples/math.jsonl --group-size 4 --wait      (Ctrl-C stops)")
+        sup.watch()
+    except KeyboardInterrupt:
+        console.print("\nstopping…")
+    finally:
+        sup.stop_all()
+
+
+def _register_engine(redis_url: str, prefix: str, eid: str, url: str, model: str, tokenizer: str) -> None:
+    import redis
+
+    from rollout_service.protocol import EngineInfo
+    from scheduler.keys import Keys
+
+    info = EngineInfo(id=eid, url=url, model=model, tokenizer=tokenizer)
+    redis.Redis.from_url(redis_url).hset(Keys(prefix).engines, eid, info.model_dump_json())
+
+
+# ---- client commands ----
+
+def _client(args):
+    from trainer_client import RolloutClient
+
+    return RolloutClient(_url(args))
+
+
+def _read_tasks(path: Path) -> list[dict]:
+    if not path.exists():
+        raise SystemExit(f"no such file: {path}")
+    tasks = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                tasks.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise SystemExit(f"{path}:{n}: not JSON: {e}") from None
+    if not tasks:
+        raise SystemExit(f"{path} has no tasks")
+    return tasks
+
+
+def cmd_submit(args) -> None:
+    from trainer_client import APIError
+
+    tasks = _read_tasks(Path(args.file))
+    env = args.env or Path(args.file).stem
+    sampling = {"temperature": args.temperature, "max_tokens": args.max_tokens}
+    if args.seed is not None:
+        sampling["seed"] = args.seed
+    with _client(args) as c:
+        try:
+            batch = c.submit(tasks, env=env, group_size=args.group_size, sampling=sampling, max_turns=args.max_turns,
+                             idempotency_key=args.idempotency_key)
+        except APIError as e:
+            raise SystemExit(f"rejected: {e}" + (f"\n{json.dumps(e.details, indent=1)}" if e.details else "")) from None
+        console.print(f"batch [bold]{batch.id}[/]: {batch.num_trajectories} trajectories of {env!r}"
+                      + ("" if batch.created else " (existing batch for this idempotency key)"))
+        if not args.wait:
+            return
+        t0 = time.monotonic()
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console) as bar:
+            task = bar.add_task("rolling out", total=batch.num_trajectories, completed=c.status(batch.id).done)
+            for _ev in c.events(batch.id):
+                bar.advance(task)
+        _summary(c, batch.id, time.monotonic() - t0)
+
+
+def _summary(c, bid: str, elapsed: float) -> None:
+    st = c.status(bid)
+    trajs = list(c.trajectories(bid))
+    rewards = [t.reward for t in trajs if t.reward is not None]
+    turns = [len(t.turns) for t in trajs if t.turns]
+    tokens = sum(len(t.token_ids) for t in trajs)
+    sampled = sum(sum(len(x.output_ids) for x in t.turns) for t in trajs)
+    kinds: dict[str, int] = {}
+    for t in trajs:
+        if t.failure:
+            kinds[t.failure.kind.value] = kinds.get(t.failure.kind.value, 0) + 1
+    table = Table(title=f"batch {bid} — {st.state.value}", show_header=False)
+    for state, n in st.counts.items():
+        if n:
+            table.add_row(state.value, str(n))
+    table.add_row("mean reward", f"{sum(rewards) / len(rewards):.3f}" if rewards else "-")
+    table.add_row("mean turns", f"{sum(turns) / len(turns):.2f}" if turns else "-")
+    table.add_row("tokens (sampled / total)", f"{sampled} / {tokens}")
+    table.add_row("failures", ", ".join(f"{k}: {n}" for k, n in kinds.items()) or "none")
+    table.add_row("elapsed", f"{elapsed:.1f} s")
+    console.print(table)
+
+
+def cmd_status(args) -> None:
+    with _client(args) as c:
+        if args.batch:
+            _summary(c, args.batch, 0.0) if args.detail else _status_table([c.status(args.batch)])
+        else:
+            _status_table(c._req("GET", "/v1/batches", params={"limit": args.limit}), raw=True)
+
+
+def _status_table(rows, raw: bool = False) -> None:
+    from rollout_service.protocol import BatchStatus
+
+    table = Table("batch", "env", "state", "done", "total", "queued", "running", "failed")
+    for row in rows:
+        st = BatchStatus.model_validate(row) if raw else row
+        c = {k.value: v for k, v in st.counts.items()}
+        table.add_row(st.id, st.env, st.state.value, str(st.done), str(st.num_trajectories), str(c["queued"]),
+                      str(c["running"]), str(c["failed"]))
+    console.print(table)
+
+
+def cmd_cancel(args) -> None:
+    with _client(args) as c:
+        st = c.cancel(args.batch)
+        console.print(f"batch {st.id}: {st.state.value}")
+
+
+def cmd_engines(args) -> None:
+    with _client(args) as c:
+        if args.action == "add":
+            c.register_engine(args.id, args.engine_url, model=args.model, tokenizer=args.tokenizer)
+        elif args.action == "rm":
+            c.deregister_engine(args.id)
+        table = Table("id", "url", "model", "policy version", "tokenizer")
+        for e in c.engines():
+            table.add_row(e["id"], e["url"], e["model"], str(e["policy_version"]), e["tokenizer"])
+        console.print(table)
+
+
+def cmd_workers(args) -> None:
+    with _client(args) as c:
+        table = Table("id", "url", "envs")
+        for w in c._req("GET", "/v1/workers"):
+            table.add_row(w["id"], w["url"], ", ".join(w["envs"]))
+        console.print(table)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rollout", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def client_cmd(name: str, help: str, fn):
+        sp = sub.add_parser(name, help=help, description=help)
+        sp.add_argument("--url", help="gateway URL (default: $ROLLOUT_URL or http://127.0.0.1:8000)")
+        sp.set_defaults(fn=fn)
+        return sp
+
+    sp = sub.add_parser("up", help="run gateway, worker, env worker and engine on this machine",
+                        description="Run the whole service here. Redis is embedded unless --redis-url or "
+                                    "$ROLLOUT_REDIS_URL is set; the engine is simulated unless --engine-url is given.")
+    sp.add_argument("--port", type=int, default=8000, help="gateway port (default 8000)")
+    sp.add_argument("--redis-url", help="use this Redis instead of an embedded one")
+    sp.add_argument("--engine-url", help="an OpenAI-compatible (vLLM) server to use instead of the simulated engine")
+    sp.add_argument("--model", default="default", help="served model name of --engine-url")
+    sp.add_argument("--tokenizer", default="byte", help="local tokenizer folder for --engine-url's model")
+    sp.add_argument("--workers", type=int, default=1, help="rollout worker processes (default 1)")
+    sp.add_argument("--env-workers", type=int, default=1, help="env worker processes (default 1)")
+    sp.add_argument("--sim-time-scale", type=float, default=1.0,
+                    help="simulated engine: multiply its modelled GPU time by this (0 = instant; default 1)")
+    sp.set_defaults(fn=cmd_up)
+
+    sp = sub.add_parser("gateway", help="run the HTTP gateway (one process)")
+    sp.add_argument("--host", default=None, help="bind address (default $ROLLOUT_HOST or 127.0.0.1)")
+    sp.add_argument("--port", type=int, default=None, help="port (default $ROLLOUT_PORT or 8000)")
+    sp.set_defaults(fn=cmd_gateway)
+
+    sp = sub.add_parser("worker", help="run a rollout worker (claims and runs trajectories)")
+    sp.add_argument("--concurrency", type=int, default=None, help="trajectories in flight (default 32)")
+    sp.set_defaults(fn=cmd_worker)
+
+    sp = sub.add_parser("env-worker", help="run an env worker (hosts environments over HTTP)")
+    sp.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    sp.add_argument("--port", type=int, default=8002, help="port (default 8002)")
+    sp.add_argument("--id", default=None, help="worker id in the registry (default env-HOST-PORT)")
+    sp.set_defaults(fn=cmd_env_worker)
+
+    sp = sub.add_parser("sim-engine", help="serve the simulated engine over vLLM's completions API")
+    sp.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    sp.add_argument("--port", type=int, default=8001, help="port (default 8001)")
+    sp.add_argument("--seed", type=int, default=0, help="engine seed (default 0)")
+    sp.add_argument("--time-scale", type=float, default=1.0, help="multiply modelled time (0 = instant)")
+    sp.set_defaults(fn=cmd_sim_engine)
+
+    sp = client_cmd("submit", "submit a JSONL file of tasks as one batch", cmd_submit)
+    sp.add_argument("file", help="JSONL, one task object per line")
+    sp.add_argument("--env", help="environment (default: the file's name without extension, e.g. math)")
+    sp.add_argument("--group-size", type=int, default=1, help="rollouts per task (a GRPO group; default 1)")
+    sp.add_argument("--max-turns", type=int, default=8, help="turn limit per trajectory (default 8)")
+    sp.add_argument("--max-tokens", type=int, default=256, help="sampled tokens per turn (default 256)")
+    sp.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
+    sp.add_argument("--seed", type=int, default=None, help="sampling seed for reproducible rollouts")
+    sp.add_argument("--idempotency-key", help="re-submitting with the same key returns the same batch")
+    sp.add_argument("--wait", action="store_true", help="show a progress bar until done, then a summary")
+
+    sp = client_cmd("status", "show batches (or one batch)", cmd_status)
+    sp.add_argument("batch", nargs="?", help="a batch id (default: the latest batches)")
+    sp.add_argument("--detail", action="store_true", help="with a batch: rewards, turns, tokens, failures")
+    sp.add_argument("--limit", type=int, default=20, help="how many batches to list (default 20)")
+
+    sp = client_cmd("cancel", "cancel a batch", cmd_cancel)
+    sp.add_argument("batch", help="the batch id")
+
+    sp = client_cmd("engines", "list, add or remove engines", cmd_engines)
+    sp.add_argument("action", nargs="?", choices=["list", "add", "rm"], default="list", help="default: list")
+    sp.add_argument("id", nargs="?", help="engine id (add, rm)")
+    sp.add_argument("engine_url", nargs="?", help="engine URL (add)")
+    sp.add_argument("--model", default="default", help="served model name (add)")
+    sp.add_argument("--tokenizer", default="byte", help="'byte' or a local tokenizer folder (add)")
+
+    client_cmd("workers", "list live env workers", cmd_workers)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    from trainer_client import RolloutError
+
+    try:
+        args.fn(args)
+    except RolloutError as e:
+        console.print(f"[red]error:[/] {e}")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

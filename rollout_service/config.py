@@ -1,0 +1,29 @@
+"""Settings, read once per process at the edge (environment variables `ROLLOUT_*`)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+
+
+@dataclass(slots=True)
+class Settings:
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    key_prefix: str = "rs:"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    lease_s: float = 30.0  # a worker heartbeats every lease_s/3; a dead worker's work returns after lease_s
+    max_attempts: int = 3  # per trajectory, counting the first
+    worker_concurrency: int = 32  # trajectories in flight per worker process
+    max_request_bytes: int = 32 * 1024 * 1024
+    sse_block_ms: int = 1000
+
+    @classmethod
+    def from_env(cls, **overrides) -> "Settings":
+        values = {}
+        for f in fields(cls):
+            raw = os.environ.get(f"ROLLOUT_{f.name.upper()}")
+            if raw is not None:
+                values[f.name] = type(f.default)(raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)

@@ -1,0 +1,40 @@
+"""The `Engine` protocol: token ids in, sampled token ids + logprobs out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from rollout_service.protocol import SamplingParams
+
+
+class EngineError(Exception):
+    """The engine could not serve a request (unreachable, 5xx, malformed answer)."""
+
+
+@dataclass(slots=True)
+class GenerateRequest:
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    request_id: str
+    stop_token_ids: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class GenerateResult:
+    output_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" | "length" | "abort"
+    policy_version: int
+    engine_id: str
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+
+
+class Engine(Protocol):
+    id: str
+    policy_version: int
+
+    async def generate(self, req: GenerateRequest) -> GenerateResult: ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,105 @@
+"""A simulated engine: deterministic given a seed, with a cost model for prefill and decode.
+
+It speaks the byte tokenizer (`rollout_service.tokens.ByteTokenizer`) and answers with a
+toy policy that reads the last user message and guesses an arithmetic answer, sometimes
+calling the `calc:` tool first. That makes rewards vary across a GRPO group without a model.
+Time is simulated by sleeping `cost * time_scale` (0 in tests: instant).
+
+Non-goals: being a language model; modelling KV-cache memory (see benchmarks/sim for that).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import operator
+import random
+import re
+from dataclasses import dataclass
+
+from rollout_service.engines.base import GenerateRequest, GenerateResult
+from rollout_service.tokens import ByteTokenizer
+
+
+@dataclass(slots=True)
+class CostModel:
+    """Seconds for prefill and decode. Defaults are an assumed GPU-class engine serving a
+    small model; the CPU figures measured here live in benchmarks/ (they are ~100x slower)."""
+
+    prefill_tokens_per_s: float = 20_000.0
+    prefill_overhead_s: float = 0.004
+    decode_step_s: float = 0.010  # one decode step at batch size 1
+    decode_step_per_seq_s: float = 0.0001  # each concurrent sequence slows the step a little
+
+    def prefill_time(self, prompt_tokens: int) -> float:
+        return self.prefill_overhead_s + prompt_tokens / self.prefill_tokens_per_s
+
+    def decode_time(self, new_tokens: int, batch: int) -> float:
+        return new_tokens * (self.decode_step_s + self.decode_step_per_seq_s * max(batch - 1, 0))
+
+
+_OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+_INT = re.compile(r"-?\d+")
+_LAST_USER = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.S)
+
+
+def toy_policy(prompt_text: str, rng: random.Random) -> str:
+    """Guess an answer from the numbers in the last user message; use `calc:` when offered."""
+    users = _LAST_USER.findall(prompt_text)
+    last = users[-1] if users else prompt_text
+    result = re.search(r"result:\s*(-?\d+)", last)
+    thought = " ".join(rng.choice(["hmm", "so", "then", "ok", "let", "me", "think"]) for _ in range(rng.randint(2, 12)))
+    if result:
+        return f"{thought}. answer: {result.group(1)}"
+    nums = [int(n) for n in _INT.findall(last)][:3] or [rng.randint(0, 9), rng.randint(0, 9)]
+    a, b = (nums + nums)[:2]
+    op = rng.choice(list(_OPS))
+    if "calc:" in prompt_text and rng.random() < 0.6:
+        return f"{thought}. calc: {a} {op} {b}"
+    return f"{thought}. answer: {_OPS[op](a, b)}"
+
+
+class SimEngine:
+    """In-process simulated engine. Concurrency-aware: decode slows with more sequences."""
+
+    def __init__(self, id: str = "sim-0", seed: int = 0, cost: CostModel | None = None,
+                 time_scale: float = 0.0, policy_version: int = 0):
+        self.id = id
+        self.seed = seed
+        self.cost = cost or CostModel()
+        self.time_scale = time_scale
+        self.policy_version = policy_version
+        self.tok = ByteTokenizer()
+        self._running = 0
+
+    def _rng(self, req: GenerateRequest) -> random.Random:
+        # Same seed + same prompt + same request seed -> same output, across processes.
+        h = hashlib.sha256(f"{self.seed}|{req.sampling.seed}|{req.request_id if req.sampling.seed is None else ''}".encode())
+        h.update(bytes(str(req.prompt_ids), "ascii"))
+        return random.Random(h.digest())
+
+    def sample(self, req: GenerateRequest) -> tuple[list[int], list[float], str]:
+        rng = self._rng(req)
+        text = toy_policy(self.tok.decode(req.prompt_ids), rng)
+        ids = [*self.tok.encode(text), self.tok.eos_id]
+        finish = "stop"
+        if len(ids) > req.sampling.max_tokens:
+            ids, finish = ids[: req.sampling.max_tokens], "length"
+        scale = max(req.sampling.temperature, 0.05)
+        logprobs = [-rng.expovariate(4.0 / scale) for _ in ids]
+        return ids, logprobs, finish
+
+    async def generate(self, req: GenerateRequest) -> GenerateResult:
+        ids, logprobs, finish = self.sample(req)
+        self._running += 1
+        try:
+            prefill = self.cost.prefill_time(len(req.prompt_ids))
+            decode = self.cost.decode_time(len(ids), self._running)
+            if self.time_scale > 0:
+                await asyncio.sleep((prefill + decode) * self.time_scale)
+        finally:
+            self._running -= 1
+        return GenerateResult(ids, logprobs, finish, self.policy_version, self.id, prefill, decode)
+
+    async def aclose(self) -> None:
+        return None

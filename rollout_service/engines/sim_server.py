@@ -1,0 +1,84 @@
+"""Serves a `SimEngine` over the slice of vLLM's OpenAI-compatible API that we use
+(`POST /v1/completions` with token-id prompts, `return_token_ids`, logprobs; `/health`;
+`/metrics`), so `rollout up` without a GPU exercises the same HTTP path as a real vLLM."""
+
+from __future__ import annotations
+
+import uuid
+
+from fastapi import FastAPI
+from fastapi.responses import PlainTextResponse
+from pydantic import BaseModel, Field
+
+from rollout_service.engines.base import GenerateRequest
+from rollout_service.engines.sim import CostModel, SimEngine
+from rollout_service.protocol import SamplingParams
+
+
+class CompletionRequest(BaseModel):
+    model: str | None = None
+    prompt: list[int] = Field(min_length=1)
+    max_tokens: int = Field(16, ge=1)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    logprobs: int | None = None
+    return_token_ids: bool = False
+    stop_token_ids: list[int] = Field(default_factory=list)
+    stop: list[str] | None = None
+    skip_special_tokens: bool = True
+    request_id: str | None = None
+
+
+def create_app(engine: SimEngine, model: str = "sim") -> FastAPI:
+    app = FastAPI(title="simulated engine (vLLM-compatible subset)")
+    stats = {"requests": 0, "generation_tokens": 0, "prompt_tokens": 0}
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {}
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": model, "object": "model"}]}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest) -> dict:
+        sampling = SamplingParams(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
+                                  max_tokens=min(body.max_tokens, 32_768), seed=body.seed)
+        rid = body.request_id or uuid.uuid4().hex
+        res = await engine.generate(GenerateRequest(body.prompt, sampling, rid))
+        stats["requests"] += 1
+        stats["generation_tokens"] += len(res.output_ids)
+        stats["prompt_tokens"] += len(body.prompt)
+        return {
+            "id": f"cmpl-{rid}",
+            "object": "text_completion",
+            "model": body.model or model,
+            "choices": [{
+                "index": 0,
+                "text": engine.tok.decode(res.output_ids),
+                "token_ids": res.output_ids if body.return_token_ids else None,
+                "prompt_token_ids": body.prompt if body.return_token_ids else None,
+                "logprobs": {"token_logprobs": res.logprobs} if body.logprobs is not None else None,
+                "finish_reason": res.finish_reason,
+            }],
+            "usage": {"prompt_tokens": len(body.prompt), "completion_tokens": len(res.output_ids),
+                      "total_tokens": len(body.prompt) + len(res.output_ids)},
+        }
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    async def metrics() -> str:
+        return (f"vllm:num_requests_running {engine._running}\n"
+                f"vllm:generation_tokens_total {stats['generation_tokens']}\n"
+                f"vllm:prompt_tokens_total {stats['prompt_tokens']}\n")
+
+    return app
+
+
+def serve(host: str, port: int, seed: int, time_scale: float, model: str = "sim") -> None:
+    import uvicorn
+
+    engine = SimEngine(id=f"sim-{port}", seed=seed, cost=CostModel(), time_scale=time_scale)
+    uvicorn.run(create_app(engine, model), host=host, port=port, log_level="warning")

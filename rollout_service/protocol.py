@@ -1,0 +1,268 @@
+"""Wire types: everything that crosses HTTP, and nothing else.
+
+Pydantic lives here and only here. Inside the service the same data travels as these
+models (they are the stored form in Redis too), so a trajectory read back by a trainer is
+byte-for-byte what the worker recorded.
+
+Example:
+    >>> req = RolloutRequest(tasks=[{"question": "2+2?", "answer": 4}], env="math", group_size=2)
+    >>> req.num_trajectories
+    2
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# Bounds on what one request may ask for (invariant: nothing unbounded).
+MAX_TRAJECTORIES_PER_BATCH = 10_000
+MAX_GROUP_SIZE = 256
+MAX_TURNS = 256
+MAX_TOKENS_PER_TURN = 32_768
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TrajectoryState(str, Enum):
+    queued = "queued"
+    running = "running"
+    completed = "completed"
+    truncated = "truncated"
+    failed = "failed"
+    cancelled = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset(
+    {TrajectoryState.completed, TrajectoryState.truncated, TrajectoryState.failed, TrajectoryState.cancelled}
+)
+
+
+class BatchState(str, Enum):
+    queued = "queued"
+    running = "running"
+    completed = "completed"
+    cancelled = "cancelled"
+
+
+class FailureKind(str, Enum):
+    engine = "engine"
+    env = "env"
+    sandbox = "sandbox"
+    timeout = "timeout"
+    cancelled = "cancelled"
+    internal = "internal"
+
+    @property
+    def infrastructure(self) -> bool:
+        """True when the failure says nothing about the policy: mask it out of the loss."""
+        return self is not FailureKind.cancelled
+
+
+class SamplingParams(_Wire):
+    temperature: float = Field(1.0, ge=0.0, le=10.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(-1, ge=-1)
+    max_tokens: int = Field(256, ge=1, le=MAX_TOKENS_PER_TURN)
+    seed: int | None = None
+    stop: list[str] = Field(default_factory=list, max_length=16)
+
+
+class RolloutRequest(_Wire):
+    """A batch: every task is rolled out `group_size` times (one GRPO group per task)."""
+
+    tasks: list[dict[str, Any]] = Field(min_length=1)
+    env: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    group_size: int = Field(1, ge=1, le=MAX_GROUP_SIZE)
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    max_turns: int = Field(8, ge=1, le=MAX_TURNS)
+    max_total_tokens: int = Field(8192, ge=16, le=1_000_000, description="Prompt + sampled tokens per trajectory.")
+    deadline_s: float | None = Field(None, gt=0, le=86_400, description="Active-time limit per trajectory.")
+    idempotency_key: str | None = Field(None, min_length=1, max_length=200)
+    model: str | None = Field(None, max_length=200, description="Served model name; None means any engine.")
+    metadata: dict[str, str] = Field(default_factory=dict, max_length=32)
+
+    @property
+    def num_trajectories(self) -> int:
+        return len(self.tasks) * self.group_size
+
+    @field_validator("tasks")
+    @classmethod
+    def _bounded(cls, tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if len(tasks) > MAX_TRAJECTORIES_PER_BATCH:
+            raise ValueError(f"at most {MAX_TRAJECTORIES_PER_BATCH} tasks per batch")
+        return tasks
+
+
+class Message(_Wire):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+
+
+class TurnTimings(_Wire):
+    queue_s: float = 0.0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    tool_s: float = 0.0
+
+
+class Turn(_Wire):
+    """One engine call. `prompt_ids` are the tokens appended before it (the whole rendered
+    prompt on turn 0; closing + observation + generation prompt afterwards), so that the
+    concatenation over turns of `prompt_ids + output_ids` is exactly the token sequence the
+    engine saw and sampled."""
+
+    index: int
+    prompt_ids: list[int]
+    output_ids: list[int]
+    output_logprobs: list[float]
+    finish_reason: str
+    policy_version: int
+    engine_id: str
+    timings: TurnTimings = Field(default_factory=TurnTimings)
+    reward: float = 0.0
+
+
+class Failure(_Wire):
+    kind: FailureKind
+    message: str
+
+    @property
+    def maskable(self) -> bool:
+        return self.kind.infrastructure
+
+
+class Trajectory(_Wire):
+    id: str
+    batch_id: str
+    group_index: int
+    sample_index: int
+    env: str
+    task: dict[str, Any]
+    state: TrajectoryState
+    turns: list[Turn] = Field(default_factory=list)
+    messages: list[Message] = Field(default_factory=list, description="The conversation as text, for humans.")
+    reward: float | None = None
+    failure: Failure | None = None
+    attempts: int = 0
+    active_s: float = 0.0
+    info: dict[str, Any] = Field(default_factory=dict)
+
+    # Flat training views. Computed, not stored: turns are the one source of truth.
+    @property
+    def token_ids(self) -> list[int]:
+        return [t for turn in self.turns for t in (*turn.prompt_ids, *turn.output_ids)]
+
+    @property
+    def loss_mask(self) -> list[int]:
+        return [m for turn in self.turns for m in (*([0] * len(turn.prompt_ids)), *([1] * len(turn.output_ids)))]
+
+    @property
+    def logprobs(self) -> list[float]:
+        """Per-token logprobs aligned with `token_ids`; 0.0 where the loss mask is 0."""
+        return [lp for turn in self.turns for lp in (*([0.0] * len(turn.prompt_ids)), *turn.output_logprobs)]
+
+    @property
+    def policy_versions(self) -> list[int]:
+        return [turn.policy_version for turn in self.turns]
+
+    @property
+    def usable(self) -> bool:
+        """True when this trajectory should enter the loss (not an infrastructure failure)."""
+        return self.state in (TrajectoryState.completed, TrajectoryState.truncated)
+
+
+class BatchCreated(_Wire):
+    id: str
+    num_trajectories: int
+    created: bool = Field(description="False when an earlier batch with this idempotency key was returned.")
+
+
+class BatchStatus(_Wire):
+    id: str
+    state: BatchState
+    env: str
+    num_trajectories: int
+    counts: dict[TrajectoryState, int]
+    created_at: float
+    finished_at: float | None = None
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def done(self) -> int:
+        return sum(n for s, n in self.counts.items() if s.terminal)
+
+
+class TrajectoryPage(_Wire):
+    items: list[Trajectory]
+    next_cursor: int | None
+
+
+class TrajectoryEvent(_Wire):
+    """One server-sent event: a trajectory reached a terminal state."""
+
+    trajectory_id: str
+    state: TrajectoryState
+    reward: float | None
+    failure: Failure | None = None
+    seq: int
+
+
+class EngineInfo(_Wire):
+    id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")
+    url: str = Field(min_length=1, max_length=512)
+    model: str = Field("default", max_length=200)
+    policy_version: int = 0
+    tokenizer: str = Field("byte", max_length=512, description="'byte' or a local tokenizer folder.")
+
+
+class WorkerInfo(_Wire):
+    id: str = Field(min_length=1, max_length=128)
+    url: str = Field(min_length=1, max_length=512)
+    envs: list[str]
+
+
+class ErrorBody(_Wire):
+    code: str
+    message: str
+    details: Any = None
+
+
+class ErrorResponse(_Wire):
+    """The one error shape every endpoint answers with."""
+
+    error: ErrorBody
+
+
+# --- env worker wire (rollout worker <-> env worker) ---
+
+class EnvOpen(_Wire):
+    env: str = Field(min_length=1, max_length=64)
+    task: dict[str, Any]
+    seed: int | None = None
+
+
+class EnvOpened(_Wire):
+    session_id: str
+    observation: list[Message]
+    info: dict[str, Any] = Field(default_factory=dict)
+
+
+class EnvAction(_Wire):
+    action: str = Field(max_length=1_000_000)
+
+
+class EnvStepped(_Wire):
+    observation: list[Message]
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: dict[str, Any] = Field(default_factory=dict)

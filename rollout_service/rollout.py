@@ -1,0 +1,110 @@
+"""The multi-turn loop: one episode of one task, from opening messages to a Trajectory.
+
+    render -> token ids -> engine (token-in/token-out) -> action text -> env.step
+           -> observation tokens appended with loss mask 0 -> repeat
+
+until the environment ends the episode (completed / truncated) or a limit hits
+(max_turns, max_total_tokens: truncated). The sampled ids are kept exactly as sampled;
+text is decoded from them only to hand the action to the environment.
+
+Failures are data: an engine or env error ends the episode as `failed` with a kind, with
+the turns done so far; the worker decides whether to retry it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+
+from env_workers.client import EnvBackend, EnvRejected, EnvUnavailable
+from rollout_service.engines.base import EngineError, GenerateRequest
+from rollout_service.engines.fleet import Fleet
+from rollout_service.protocol import Failure, FailureKind, Message, Trajectory, TrajectoryState, Turn, TurnTimings
+from rollout_service.tokens import ChatTokens, TemplateDriftError
+from scheduler.store import Work
+
+
+def _turn_seed(base: int | None, work: Work, turn: int) -> int | None:
+    """Distinct, reproducible seeds for each member of a group and each turn."""
+    if base is None:
+        return None
+    h = hashlib.sha256(f"{base}:{work.group_index}:{work.sample_index}:{turn}".encode()).digest()
+    return int.from_bytes(h[:4], "little")
+
+
+async def run_episode(work: Work, fleet: Fleet, envs: EnvBackend, attempt: int = 1) -> Trajectory:
+    p = work.params
+    traj = Trajectory(id=work.trajectory_id, batch_id=work.batch_id, group_index=work.group_index,
+                      sample_index=work.sample_index, env=p.env, task=work.task, state=TrajectoryState.running,
+                      attempts=attempt)
+    t0 = time.monotonic()
+    try:
+        if p.deadline_s is not None:
+            async with asyncio.timeout(p.deadline_s):
+                await _loop(traj, work, fleet, envs, attempt)
+        else:
+            await _loop(traj, work, fleet, envs, attempt)
+    except TimeoutError:
+        traj.state, traj.failure = TrajectoryState.failed, Failure(
+            kind=FailureKind.timeout, message=f"deadline of {p.deadline_s}s active time exceeded")
+    except EngineError as e:
+        traj.state, traj.failure = TrajectoryState.failed, Failure(kind=FailureKind.engine, message=str(e))
+    except (EnvUnavailable, EnvRejected) as e:
+        traj.state, traj.failure = TrajectoryState.failed, Failure(kind=FailureKind.env, message=str(e))
+    except TemplateDriftError as e:
+        traj.state, traj.failure = TrajectoryState.failed, Failure(kind=FailureKind.internal, message=str(e))
+    finally:
+        traj.active_s = time.monotonic() - t0
+        fleet.forget(traj.id)
+    if traj.state is not TrajectoryState.failed:
+        traj.reward = sum(t.reward for t in traj.turns)
+    return traj
+
+
+async def _loop(traj: Trajectory, work: Work, fleet: Fleet, envs: EnvBackend, attempt: int) -> None:
+    p = work.params
+    handle, opening = await envs.open(p.env, work.task, seed=work.sample_index)
+    try:
+        tok_spec, tok = await fleet.tokenizer_for(traj.id)
+        chat = ChatTokens(tok)
+        traj.messages = list(opening)
+        context: list[int] = []
+        delta = chat.prompt(opening)
+        for index in range(p.max_turns):
+            room = p.max_total_tokens - len(context) - len(delta)
+            if room <= 0:
+                traj.state = TrajectoryState.truncated
+                traj.info["truncated_by"] = "max_total_tokens"
+                return
+            sampling = p.sampling.model_copy(update={"max_tokens": min(p.sampling.max_tokens, room),
+                                                     "seed": _turn_seed(p.sampling.seed, work, index)})
+            req = GenerateRequest(context + delta, sampling, f"{traj.id}-{attempt}-{index}", [tok.eos_id])
+            t_send = time.monotonic()
+            res = await fleet.generate(traj.id, tok_spec, req)
+            t_gen = time.monotonic() - t_send
+            turn = Turn(index=index, prompt_ids=delta, output_ids=res.output_ids, output_logprobs=res.logprobs,
+                        finish_reason=res.finish_reason, policy_version=res.policy_version, engine_id=res.engine_id,
+                        timings=TurnTimings(prefill_s=res.prefill_s, decode_s=res.decode_s,
+                                            queue_s=max(t_gen - res.prefill_s - res.decode_s, 0.0)))
+            traj.turns.append(turn)
+            context += delta + res.output_ids
+            body = res.output_ids[:-1] if res.output_ids and res.output_ids[-1] == tok.eos_id else res.output_ids
+            action = tok.decode(body)
+            traj.messages.append(Message(role="assistant", content=action))
+
+            t_tool = time.monotonic()
+            step = await envs.step(handle, action)
+            turn.timings.tool_s = time.monotonic() - t_tool
+            turn.reward = step.reward
+            traj.messages += step.observation
+            if step.terminated or step.truncated:
+                traj.state = TrajectoryState.completed if step.terminated else TrajectoryState.truncated
+                if step.truncated:
+                    traj.info["truncated_by"] = "env"
+                return
+            delta = chat.continuation(res.output_ids, step.observation)
+        traj.state = TrajectoryState.truncated
+        traj.info["truncated_by"] = "max_turns"
+    finally:
+        await envs.close(handle)

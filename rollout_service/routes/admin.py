@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from rollout_service.errors import NotFound
+from rollout_service.protocol import EngineInfo, ErrorResponse, WorkerInfo
+
+router = APIRouter(prefix="/v1", tags=["fleet"], responses={404: {"model": ErrorResponse}})
+
+
+@router.get("/engines", response_model=list[EngineInfo])
+async def engines(request: Request) -> list[EngineInfo]:
+    return await request.app.state.registry.engines()
+
+
+@router.post("/engines", response_model=EngineInfo, status_code=201)
+async def register_engine(request: Request, body: EngineInfo) -> EngineInfo:
+    """Register (or update) an engine; workers pick it up within seconds."""
+    await request.app.state.registry.add_engine(body)
+    return body
+
+
+@router.delete("/engines/{engine_id}")
+async def deregister_engine(request: Request, engine_id: str) -> dict:
+    if not await request.app.state.registry.remove_engine(engine_id):
+        raise NotFound(f"no engine {engine_id!r}")
+    return {"removed": engine_id}
+
+
+@router.get("/workers", response_model=list[WorkerInfo])
+async def workers(request: Request) -> list[WorkerInfo]:
+    """Live env workers (those heartbeating)."""
+    return await request.app.state.registry.workers()

@@ -1,0 +1,132 @@
+"""Chat templating and exact token accounting.
+
+The service renders conversations itself and sends token ids to engines (token-in/token-out).
+A trajectory grows by appending: the first turn's prompt is the rendered conversation; every
+later prompt is the previous prompt + the ids the engine sampled (kept exactly as sampled)
++ a *continuation*: the tokens that close the assistant message and render the new
+observation messages plus the generation prompt. Nothing the model produced is ever
+re-tokenized.
+
+Two tokenizers: `ByteTokenizer` (bytes + ChatML specials, no dependencies; the simulated
+engine speaks it) and `HFTokenizer` (a local transformers tokenizer folder with its own chat
+template; needs the `engine` extra).
+
+Non-goals: tool-call parsing formats; that belongs to environments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import Protocol
+
+from rollout_service.protocol import Message
+
+# A fixed conversation rendered before the new messages, so that a template's
+# "continuation" can be measured as a suffix: render(BASE + new) minus render(BASE).
+_BASE = [Message(role="system", content="s"), Message(role="user", content="u")]
+
+
+class Tokenizer(Protocol):
+    eos_id: int
+
+    def encode(self, text: str) -> list[int]: ...
+    def decode(self, ids: Sequence[int]) -> str: ...
+    def render(self, messages: Sequence[Message], add_generation_prompt: bool) -> list[int]: ...
+
+
+class ByteTokenizer:
+    """UTF-8 bytes are ids 0..255; ChatML specials follow. Deterministic and dependency-free."""
+
+    ENDOFTEXT, IM_START, IM_END = 256, 257, 258
+    vocab_size = 259
+    eos_id = IM_END
+    _specials = {ENDOFTEXT: "<|endoftext|>", IM_START: "<|im_start|>", IM_END: "<|im_end|>"}
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        out, buf = [], bytearray()
+        for i in ids:
+            if i < 256:
+                buf.append(i)
+                continue
+            out.append(buf.decode("utf-8", errors="replace"))
+            buf.clear()
+            out.append(self._specials.get(i, ""))
+        out.append(buf.decode("utf-8", errors="replace"))
+        return "".join(out)
+
+    def render(self, messages: Sequence[Message], add_generation_prompt: bool) -> list[int]:
+        ids: list[int] = []
+        for m in messages:
+            ids += [self.IM_START, *self.encode(f"{m.role}\n{m.content}"), self.IM_END, *self.encode("\n")]
+        if add_generation_prompt:
+            ids += [self.IM_START, *self.encode("assistant\n")]
+        return ids
+
+
+class HFTokenizer:
+    """A transformers tokenizer loaded from a local folder (never from a hub)."""
+
+    def __init__(self, path: str):
+        from transformers import AutoTokenizer  # engine extra
+
+        self._tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        eos = self._tok.convert_tokens_to_ids("<|im_end|>")
+        self.eos_id = eos if isinstance(eos, int) and eos != self._tok.unk_token_id else self._tok.eos_token_id
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=False)
+
+    def render(self, messages: Sequence[Message], add_generation_prompt: bool) -> list[int]:
+        out = self._tok.apply_chat_template(
+            [m.model_dump() for m in messages], tokenize=True, add_generation_prompt=add_generation_prompt
+        )
+        return list(out["input_ids"] if isinstance(out, dict) else out)
+
+
+@lru_cache(maxsize=16)
+def load_tokenizer(spec: str) -> Tokenizer:
+    """'byte' for the built-in tokenizer, otherwise a local tokenizer folder."""
+    return ByteTokenizer() if spec == "byte" else HFTokenizer(spec)
+
+
+class TemplateDriftError(ValueError):
+    """The chat template rewrites an earlier prefix, so appending would corrupt the sample."""
+
+
+class ChatTokens:
+    """Builds a trajectory's prompts by appending, for one tokenizer and its template."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tok = tokenizer
+        base = tokenizer.render(_BASE, add_generation_prompt=False)
+        probe = tokenizer.render([*_BASE, Message(role="assistant", content="x")], add_generation_prompt=False)
+        x_ids = tokenizer.encode("x")
+        gen = tokenizer.render(_BASE, add_generation_prompt=True)
+        # What the template puts after an assistant message's eos (e.g. "\n" in ChatML).
+        tail = probe[len(gen) + len(x_ids) :]
+        if probe[: len(gen)] != gen or not tail or tail[0] != tokenizer.eos_id:
+            raise TemplateDriftError("chat template does not end assistant messages with the eos token")
+        self._after_eos = tail[1:]
+        self._base_len = len(base)
+        self._base = base
+
+    def prompt(self, messages: Sequence[Message]) -> list[int]:
+        return self.tok.render(messages, add_generation_prompt=True)
+
+    def continuation(self, output_ids: Sequence[int], new_messages: Sequence[Message]) -> list[int]:
+        """Tokens to append after `output_ids` so the next prompt holds `new_messages`."""
+        closing = list(self._after_eos) if output_ids and output_ids[-1] == self.tok.eos_id else [
+            self.tok.eos_id,
+            *self._after_eos,
+        ]
+        full = self.tok.render([*_BASE, *new_messages], add_generation_prompt=True)
+        if full[: self._base_len] != self._base:
+            raise TemplateDriftError("rendering new messages changed the earlier prefix")
+        return closing + full[self._base_len :]

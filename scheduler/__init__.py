@@ -1,0 +1,1 @@
+"""The scheduler: the durable queue on Redis, trajectory states, and engine routing."""

@@ -1,0 +1,72 @@
+"""Every Redis key the system uses, in one place.
+
+    {p}queue                      list   trajectory ids ready to run (RPUSH in, LPOP out)
+    {p}leases                     zset   trajectory id -> lease deadline (ms since epoch)
+    {p}batches                    zset   batch id -> created at (s)
+    {p}batch:{bid}                hash   state, request json, counts per trajectory state
+    {p}batch:{bid}:trajs          list   trajectory ids in submission order
+    {p}batch:{bid}:events         stream one entry per trajectory reaching a terminal state
+    {p}traj:{tid}                 hash   state, spec json, attempts, lease token, result json
+    {p}idem:{key}                 string batch id for an idempotency key
+    {p}engines                    hash   engine id -> EngineInfo json
+    {p}engine:{id}:load           string in-flight tokens on that engine (INCRBY/DECRBY)
+    {p}workers                    hash   env worker id -> WorkerInfo json
+    {p}worker:{id}:alive          string present while the env worker heartbeats (TTL)
+    {p}stats                      hash   counters: finished:{state}, failure:{kind}
+
+The prefix lets several deployments (or tests) share one Redis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    prefix: str = "rs:"
+
+    @property
+    def queue(self) -> str:
+        return f"{self.prefix}queue"
+
+    @property
+    def leases(self) -> str:
+        return f"{self.prefix}leases"
+
+    @property
+    def batches(self) -> str:
+        return f"{self.prefix}batches"
+
+    def batch(self, bid: str) -> str:
+        return f"{self.prefix}batch:{bid}"
+
+    def batch_trajs(self, bid: str) -> str:
+        return f"{self.prefix}batch:{bid}:trajs"
+
+    def batch_events(self, bid: str) -> str:
+        return f"{self.prefix}batch:{bid}:events"
+
+    def traj(self, tid: str) -> str:
+        return f"{self.prefix}traj:{tid}"
+
+    def idem(self, key: str) -> str:
+        return f"{self.prefix}idem:{key}"
+
+    @property
+    def engines(self) -> str:
+        return f"{self.prefix}engines"
+
+    def engine_load(self, eid: str) -> str:
+        return f"{self.prefix}engine:{eid}:load"
+
+    @property
+    def workers(self) -> str:
+        return f"{self.prefix}workers"
+
+    def worker_alive(self, wid: str) -> str:
+        return f"{self.prefix}worker:{wid}:alive"
+
+    @property
+    def stats(self) -> str:
+        return f"{self.prefix}stats"

@@ -1,0 +1,260 @@
+"""The durable job queue: enqueue, claim, heartbeat, complete, fail, reap, cancel.
+
+Every state change is one Lua script, so it is atomic with the counters and the event it
+emits. A claim is a lease: a deadline in the `leases` zset plus a random token stored on the
+trajectory. Only the token holder may heartbeat or finish; a lease that lapses is reaped
+back into the queue (or failed once `max_attempts` is spent), so a dead worker loses
+nothing. Finishing is idempotent: the first terminal result recorded wins.
+
+Reads (status, pages, events) live in `scheduler.store`.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+import uuid
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+
+from rollout_service.protocol import (
+    BatchCreated,
+    Failure,
+    FailureKind,
+    RolloutRequest,
+    Trajectory,
+)
+from scheduler.keys import Keys
+
+# Shared Lua: move trajectory `tid` (hash `tkey`) of batch hash `bkey` to a new state,
+# keeping per-state counters, the lease zset, the queue and the event stream consistent.
+_FINISH_FN = """
+local function finish(p, tid, new_state, result, reward, failure, now)
+  local tkey = p .. 'traj:' .. tid
+  local old = redis.call('HGET', tkey, 'state')
+  if old == false or (old ~= 'queued' and old ~= 'running') then return 0 end
+  local bid = redis.call('HGET', tkey, 'batch')
+  local bkey = p .. 'batch:' .. bid
+  redis.call('ZREM', p .. 'leases', tid)
+  redis.call('HINCRBY', bkey, 'n:' .. old, -1)
+  redis.call('HINCRBY', bkey, 'n:' .. new_state, 1)
+  if new_state == 'queued' then
+    redis.call('HSET', tkey, 'state', 'queued', 'token', '')
+    redis.call('RPUSH', p .. 'queue', tid)
+    return 1
+  end
+  redis.call('HSET', tkey, 'state', new_state, 'token', '', 'finished_at', now)
+  if result ~= '' then redis.call('HSET', tkey, 'result', result) end
+  if reward ~= '' then redis.call('HSET', tkey, 'reward', reward) end
+  if failure ~= '' then redis.call('HSET', tkey, 'failure', failure) end
+  redis.call('HINCRBY', p .. 'stats', 'finished:' .. new_state, 1)
+  if failure ~= '' then redis.call('HINCRBY', p .. 'stats', 'failure:' .. cjson.decode(failure)['kind'], 1) end
+  local done = redis.call('HINCRBY', bkey, 'n_done', 1)
+  redis.call('XADD', p .. 'batch:' .. bid .. ':events', '*', 'tid', tid, 'state', new_state,
+             'reward', reward, 'failure', failure)
+  if done >= tonumber(redis.call('HGET', bkey, 'total')) then
+    if redis.call('HGET', bkey, 'state') ~= 'cancelled' then redis.call('HSET', bkey, 'state', 'completed') end
+    redis.call('HSET', bkey, 'finished_at', now)
+    redis.call('XADD', p .. 'batch:' .. bid .. ':events', '*', 'tid', '', 'state', 'batch_done',
+               'reward', '', 'failure', '')
+  end
+  return 1
+end
+"""
+
+_ENQUEUE = """
+-- ARGV: prefix, idem_key ('' for none), bid, params json, now, total, then tid, group, sample, task...
+local p = ARGV[1]
+if ARGV[2] ~= '' then
+  local existing = redis.call('GET', p .. 'idem:' .. ARGV[2])
+  if existing then return {existing, 0} end
+  redis.call('SET', p .. 'idem:' .. ARGV[2], ARGV[3])
+end
+local bid = ARGV[3]
+local bkey = p .. 'batch:' .. bid
+redis.call('HSET', bkey, 'state', 'queued', 'params', ARGV[4], 'created_at', ARGV[5], 'total', ARGV[6],
+           'n_done', 0, 'n:queued', ARGV[6])
+redis.call('ZADD', p .. 'batches', ARGV[5], bid)
+for i = 7, #ARGV, 4 do
+  local tid = ARGV[i]
+  redis.call('HSET', p .. 'traj:' .. tid, 'state', 'queued', 'batch', bid, 'group', ARGV[i + 1],
+             'sample', ARGV[i + 2], 'task', ARGV[i + 3], 'attempts', 0)
+  redis.call('RPUSH', bkey .. ':trajs', tid)
+  redis.call('RPUSH', p .. 'queue', tid)
+end
+return {bid, 1}
+"""
+
+_CLAIM = """
+-- ARGV: prefix, lease deadline ms, token, worker, now
+local p = ARGV[1]
+for _ = 1, 1000 do
+  local tid = redis.call('LPOP', p .. 'queue')
+  if not tid then return false end
+  local tkey = p .. 'traj:' .. tid
+  if redis.call('HGET', tkey, 'state') == 'queued' then
+    local bkey = p .. 'batch:' .. redis.call('HGET', tkey, 'batch')
+    redis.call('HSET', tkey, 'state', 'running', 'token', ARGV[3], 'worker', ARGV[4], 'started_at', ARGV[5])
+    local attempts = redis.call('HINCRBY', tkey, 'attempts', 1)
+    redis.call('ZADD', p .. 'leases', ARGV[2], tid)
+    redis.call('HINCRBY', bkey, 'n:queued', -1)
+    redis.call('HINCRBY', bkey, 'n:running', 1)
+    if redis.call('HGET', bkey, 'state') == 'queued' then redis.call('HSET', bkey, 'state', 'running') end
+    return {tid, attempts}
+  end
+  -- anything else is a stale entry (cancelled while queued): drop it and look further
+end
+return false
+"""
+
+_HEARTBEAT = """
+-- ARGV: prefix, tid, token, deadline ms.  Returns 0 lease lost, 1 ok, 2 batch cancelled
+local p = ARGV[1]
+local tkey = p .. 'traj:' .. ARGV[2]
+if redis.call('HGET', tkey, 'token') ~= ARGV[3] or redis.call('HGET', tkey, 'state') ~= 'running' then return 0 end
+redis.call('ZADD', p .. 'leases', 'XX', ARGV[4], ARGV[2])
+if redis.call('HGET', p .. 'batch:' .. redis.call('HGET', tkey, 'batch'), 'state') == 'cancelled' then return 2 end
+return 1
+"""
+
+_FINISH = _FINISH_FN + """
+-- ARGV: prefix, tid, token, new_state, result, reward, failure, now
+local tkey = ARGV[1] .. 'traj:' .. ARGV[2]
+if redis.call('HGET', tkey, 'token') ~= ARGV[3] then return 0 end
+return finish(ARGV[1], ARGV[2], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8])
+"""
+
+_REAP = _FINISH_FN + """
+-- ARGV: prefix, now ms, max attempts, now s, failure json.  Returns {requeued, failed}
+local p = ARGV[1]
+local expired = redis.call('ZRANGEBYSCORE', p .. 'leases', '-inf', ARGV[2], 'LIMIT', 0, 500)
+local requeued, failed = 0, 0
+for _, tid in ipairs(expired) do
+  local attempts = tonumber(redis.call('HGET', p .. 'traj:' .. tid, 'attempts') or '0')
+  if attempts >= tonumber(ARGV[3]) then
+    failed = failed + finish(p, tid, 'failed', '', '', ARGV[5], ARGV[4])
+  else
+    requeued = requeued + finish(p, tid, 'queued', '', '', '', ARGV[4])
+  end
+  redis.call('ZREM', p .. 'leases', tid)
+end
+return {requeued, failed}
+"""
+
+_CANCEL = _FINISH_FN + """
+-- ARGV: prefix, bid, now, failure json.  Cancels queued trajectories now; running ones are
+-- told through their heartbeat and finish as cancelled themselves.
+local p = ARGV[1]
+local bkey = p .. 'batch:' .. ARGV[2]
+local state = redis.call('HGET', bkey, 'state')
+if state == false then return -1 end
+if state == 'completed' or state == 'cancelled' then return 0 end
+redis.call('HSET', bkey, 'state', 'cancelled')
+local n = 0
+for _, tid in ipairs(redis.call('LRANGE', bkey .. ':trajs', 0, -1)) do
+  if redis.call('HGET', p .. 'traj:' .. tid, 'state') == 'queued' then
+    n = n + finish(p, tid, 'cancelled', '', '', ARGV[4], ARGV[3])
+  end
+end
+return n + 1
+"""
+
+
+@dataclass(slots=True)
+class Claim:
+    """A leased trajectory. `token` proves ownership to every later call."""
+
+    trajectory_id: str
+    token: str
+    attempt: int
+
+
+class LeaseLost(Exception):
+    """The lease expired or was taken over; the holder must stop without writing."""
+
+
+class Queue:
+    def __init__(self, redis: aioredis.Redis, keys: Keys | None = None, lease_s: float = 30.0,
+                 max_attempts: int = 3):
+        self.r = redis
+        self.k = keys or Keys()
+        self.lease_s = lease_s
+        self.max_attempts = max_attempts
+        self._enqueue = redis.register_script(_ENQUEUE)
+        self._claim = redis.register_script(_CLAIM)
+        self._heartbeat = redis.register_script(_HEARTBEAT)
+        self._finish = redis.register_script(_FINISH)
+        self._reap = redis.register_script(_REAP)
+        self._cancel = redis.register_script(_CANCEL)
+
+    def _deadline_ms(self) -> int:
+        return int((time.time() + self.lease_s) * 1000)
+
+    async def enqueue(self, req: RolloutRequest, tenant: str = "default") -> BatchCreated:
+        """Persist a batch and queue its trajectories. Same idempotency key, same batch."""
+        bid = uuid.uuid4().hex[:16]
+        params = req.model_dump_json(exclude={"tasks"})
+        args: list[str | int | float] = [self.k.prefix, f"{tenant}:{req.idempotency_key}" if req.idempotency_key else "",
+                                         bid, params, time.time(), req.num_trajectories]
+        for g, task in enumerate(req.tasks):
+            task_json = json.dumps(task)
+            for s in range(req.group_size):
+                args += [f"{bid}-{g}-{s}", g, s, task_json]
+        got_bid, created = await self._enqueue(args=args)
+        got_bid = got_bid.decode() if isinstance(got_bid, bytes) else got_bid
+        total = req.num_trajectories if created else int(await self.r.hget(self.k.batch(got_bid), "total") or 0)
+        return BatchCreated(id=got_bid, num_trajectories=total, created=bool(created))
+
+    async def claim(self, worker_id: str) -> Claim | None:
+        token = secrets.token_hex(8)
+        got = await self._claim(args=[self.k.prefix, self._deadline_ms(), token, worker_id, time.time()])
+        if not got:
+            return None
+        tid, attempt = got
+        return Claim(tid.decode() if isinstance(tid, bytes) else tid, token, int(attempt))
+
+    async def heartbeat(self, claim: Claim) -> bool:
+        """Extend the lease. Returns False when the batch was cancelled; raises LeaseLost."""
+        got = await self._heartbeat(args=[self.k.prefix, claim.trajectory_id, claim.token, self._deadline_ms()])
+        if got == 0:
+            raise LeaseLost(claim.trajectory_id)
+        return got == 1
+
+    async def complete(self, claim: Claim, traj: Trajectory) -> bool:
+        """Record a terminal trajectory. False if someone else finished it first."""
+        if not traj.state.terminal:
+            raise ValueError(f"complete() needs a terminal state, got {traj.state.value}")
+        failure = traj.failure.model_dump_json() if traj.failure else ""
+        reward = "" if traj.reward is None else repr(traj.reward)
+        got = await self._finish(args=[self.k.prefix, claim.trajectory_id, claim.token, traj.state.value,
+                                       traj.model_dump_json(), reward, failure, time.time()])
+        return bool(got)
+
+    async def retry(self, claim: Claim) -> bool:
+        """Give the trajectory back to the queue (infrastructure failure within budget)."""
+        got = await self._finish(args=[self.k.prefix, claim.trajectory_id, claim.token, "queued", "", "", "",
+                                       time.time()])
+        return bool(got)
+
+    async def reap(self) -> tuple[int, int]:
+        """Requeue trajectories whose lease lapsed; fail those out of attempts."""
+        failure = Failure(kind=FailureKind.internal,
+                          message=f"worker lease expired {self.max_attempts} times").model_dump_json()
+        requeued, failed = await self._reap(args=[self.k.prefix, int(time.time() * 1000), self.max_attempts,
+                                                  time.time(), failure])
+        return int(requeued), int(failed)
+
+    async def cancel(self, batch_id: str) -> bool | None:
+        """Cancel a batch. None if unknown, False if already finished, True if cancelled now."""
+        failure = Failure(kind=FailureKind.cancelled, message="batch cancelled").model_dump_json()
+        got = await self._cancel(args=[self.k.prefix, batch_id, time.time(), failure])
+        return None if got == -1 else got > 0
+
+    async def depth(self) -> int:
+        return int(await self.r.llen(self.k.queue))
+
+    async def running(self) -> int:
+        return int(await self.r.zcard(self.k.leases))
+

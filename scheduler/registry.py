@@ -1,0 +1,44 @@
+"""Who is out there: engines and env workers, registered in Redis.
+
+Engines are registered by an operator (API/CLI) and stay until removed. Env workers
+register themselves and heartbeat a short-TTL key; one without a live key is ignored.
+"""
+
+from __future__ import annotations
+
+import random
+
+import redis.asyncio as aioredis
+
+from rollout_service.protocol import EngineInfo, WorkerInfo
+from scheduler.keys import Keys
+
+
+class Registry:
+    def __init__(self, redis: aioredis.Redis, keys: Keys | None = None):
+        self.r = redis
+        self.k = keys or Keys()
+
+    async def add_engine(self, info: EngineInfo) -> None:
+        await self.r.hset(self.k.engines, info.id, info.model_dump_json())
+
+    async def remove_engine(self, engine_id: str) -> bool:
+        return bool(await self.r.hdel(self.k.engines, engine_id))
+
+    async def engines(self) -> list[EngineInfo]:
+        return sorted((EngineInfo.model_validate_json(v) for v in (await self.r.hgetall(self.k.engines)).values()),
+                      key=lambda e: e.id)
+
+    async def workers(self) -> list[WorkerInfo]:
+        infos = [WorkerInfo.model_validate_json(v) for v in (await self.r.hgetall(self.k.workers)).values()]
+        if not infos:
+            return []
+        alive = await self.r.mget([self.k.worker_alive(w.id) for w in infos])
+        return sorted((w for w, a in zip(infos, alive) if a), key=lambda w: w.id)
+
+    async def pick_worker(self, env: str) -> str:
+        """Base URL of a live env worker that hosts `env` (random: spreads sessions)."""
+        able = [w for w in await self.workers() if env in w.envs]
+        if not able:
+            raise LookupError(f"no live env worker hosts {env!r}")
+        return random.choice(able).url

@@ -1,0 +1,108 @@
+"""Reads of what the queue wrote: batch status, trajectory pages, the event stream, and the
+parameters a worker needs to run a claimed trajectory."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from rollout_service.protocol import (
+    BatchState,
+    BatchStatus,
+    Failure,
+    RolloutRequest,
+    Trajectory,
+    TrajectoryEvent,
+    TrajectoryState,
+)
+from scheduler.keys import Keys
+
+
+def _s(v: bytes | str | None) -> str | None:
+    return v.decode() if isinstance(v, bytes) else v
+
+
+@dataclass(slots=True)
+class Work:
+    """Everything a worker needs to run one claimed trajectory."""
+
+    trajectory_id: str
+    batch_id: str
+    group_index: int
+    sample_index: int
+    task: dict[str, Any]
+    params: RolloutRequest  # with tasks=[{}]: the batch's shared parameters
+
+
+class Store:
+    def __init__(self, redis: aioredis.Redis, keys: Keys | None = None):
+        self.r = redis
+        self.k = keys or Keys()
+
+    async def batch_status(self, bid: str) -> BatchStatus | None:
+        h = {_s(k): _s(v) for k, v in (await self.r.hgetall(self.k.batch(bid))).items()}
+        if not h:
+            return None
+        params = json.loads(h["params"])
+        counts = {s: max(int(h.get(f"n:{s.value}", 0)), 0) for s in TrajectoryState}
+        return BatchStatus(
+            id=bid, state=BatchState(h["state"]), env=params["env"], num_trajectories=int(h["total"]),
+            counts=counts, created_at=float(h["created_at"]),
+            finished_at=float(h["finished_at"]) if h.get("finished_at") else None,
+            metadata=params.get("metadata", {}),
+        )
+
+    async def list_batches(self, limit: int = 50) -> list[str]:
+        return [_s(b) for b in await self.r.zrevrange(self.k.batches, 0, limit - 1)]
+
+    async def trajectory(self, tid: str) -> Trajectory | None:
+        h = {_s(k): _s(v) for k, v in (await self.r.hgetall(self.k.traj(tid))).items()}
+        if not h:
+            return None
+        if h.get("result"):
+            return Trajectory.model_validate_json(h["result"])
+        params = json.loads(await self.r.hget(self.k.batch(h["batch"]), "params") or "{}")
+        return Trajectory(
+            id=tid, batch_id=h["batch"], group_index=int(h["group"]), sample_index=int(h["sample"]),
+            env=params.get("env", ""), task=json.loads(h["task"]), state=TrajectoryState(h["state"]),
+            failure=Failure.model_validate_json(h["failure"]) if h.get("failure") else None,
+            attempts=int(h.get("attempts", 0)),
+        )
+
+    async def trajectories(self, bid: str, cursor: int = 0, limit: int = 50,
+                           state: TrajectoryState | None = None) -> tuple[list[Trajectory], int | None]:
+        """A page in submission order; the cursor is an offset into the batch."""
+        ids = [_s(t) for t in await self.r.lrange(self.k.batch_trajs(bid), cursor, cursor + limit - 1)]
+        items = [t for t in [await self.trajectory(tid) for tid in ids] if t is not None]
+        if state is not None:
+            items = [t for t in items if t.state == state]
+        return items, (cursor + len(ids) if len(ids) == limit else None)
+
+    async def events(self, bid: str, after: str = "0", block_ms: int = 1000,
+                     count: int = 100) -> list[tuple[str, TrajectoryEvent | None]]:
+        """Terminal events after stream id `after`; None marks the end of the batch."""
+        got = await self.r.xread({self.k.batch_events(bid): after}, count=count, block=block_ms)
+        out: list[tuple[str, TrajectoryEvent | None]] = []
+        for _stream, entries in got or []:
+            for eid, f in entries:
+                f = {_s(k): _s(v) for k, v in f.items()}
+                eid = _s(eid)
+                if f["state"] == "batch_done":
+                    out.append((eid, None))
+                    continue
+                out.append((eid, TrajectoryEvent(
+                    trajectory_id=f["tid"], state=TrajectoryState(f["state"]),
+                    reward=float(f["reward"]) if f["reward"] else None,
+                    failure=Failure.model_validate_json(f["failure"]) if f["failure"] else None,
+                    seq=int(eid.split("-")[0]) * 1000 + int(eid.split("-")[1]),
+                )))
+        return out
+
+    async def work(self, tid: str) -> Work:
+        bid, group, sample, task = await self.r.hmget(self.k.traj(tid), "batch", "group", "sample", "task")
+        params = await self.r.hget(self.k.batch(_s(bid)), "params")
+        req = RolloutRequest.model_validate({**json.loads(params), "tasks": [{}]})
+        return Work(tid, _s(bid), int(group), int(sample), json.loads(task), req)

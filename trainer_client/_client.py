@@ -1,0 +1,263 @@
+"""`RolloutClient` (sync) and `AsyncRolloutClient`: submit batches, stream trajectories.
+
+    from trainer_client import RolloutClient
+    with RolloutClient("http://127.0.0.1:8000") as c:
+        batch = c.submit(tasks, env="math", group_size=4, sampling={"temperature": 1.0, "max_tokens": 256})
+        for traj in c.iter_results(batch.id):    # as trajectories finish
+            traj.token_ids, traj.logprobs, traj.loss_mask, traj.reward, traj.failure
+
+`_Base` holds request building and response parsing; the two clients differ only in I/O.
+The event stream reconnects with `Last-Event-ID`, so a gateway restart mid-batch loses
+nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+
+from rollout_service.protocol import (
+    BatchCreated,
+    BatchStatus,
+    RolloutRequest,
+    SamplingParams,
+    Trajectory,
+    TrajectoryEvent,
+    TrajectoryPage,
+)
+from trainer_client._errors import APIError, NotFoundError, TransportError
+
+_RECONNECT_S = (0.2, 0.5, 1.0, 2.0, 5.0)
+
+
+class _Base:
+    def __init__(self, base_url: str, api_key: str | None):
+        self.base_url = base_url.rstrip("/")
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+    @staticmethod
+    def build(tasks: list[dict[str, Any]], env: str, group_size: int, sampling: dict | SamplingParams | None,
+              **kw: Any) -> dict:
+        req = RolloutRequest(tasks=tasks, env=env, group_size=group_size,
+                             sampling=SamplingParams.model_validate(sampling or {}), **kw)
+        return req.model_dump(mode="json", exclude_none=True)
+
+    @staticmethod
+    def check(r: httpx.Response) -> Any:
+        if r.status_code < 400:
+            return r.json()
+        try:
+            err = r.json()["error"]
+        except (ValueError, KeyError, TypeError):
+            err = {"code": "http_error", "message": r.text[:500]}
+        cls = NotFoundError if r.status_code == 404 else APIError
+        raise cls(r.status_code, err.get("code", "http_error"), err.get("message", ""), err.get("details"))
+
+    @staticmethod
+    def parse_sse(lines: list[str]) -> tuple[str | None, str | None, str | None]:
+        eid = event = data = None
+        for line in lines:
+            field, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if field == "id":
+                eid = value
+            elif field == "event":
+                event = value
+            elif field == "data":
+                data = value
+        return eid, event, data
+
+
+class RolloutClient(_Base):
+    def __init__(self, base_url: str = "http://127.0.0.1:8000", api_key: str | None = None, timeout: float = 30.0,
+                 transport: httpx.BaseTransport | None = None):
+        super().__init__(base_url, api_key)
+        self._http = httpx.Client(base_url=self.base_url, headers=self.headers, timeout=timeout, transport=transport)
+
+    def __enter__(self) -> "RolloutClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _req(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            return self.check(self._http.request(method, path, **kw))
+        except httpx.TransportError as e:
+            raise TransportError(f"cannot reach {self.base_url}: {e!r}") from e
+
+    def submit(self, tasks: list[dict[str, Any]], env: str, group_size: int = 1,
+               sampling: dict | SamplingParams | None = None, **kw: Any) -> BatchCreated:
+        """Queue a batch; returns at once. kw: max_turns, max_total_tokens, deadline_s, idempotency_key, ..."""
+        return BatchCreated.model_validate(self._req("POST", "/v1/batches",
+                                                     json=self.build(tasks, env, group_size, sampling, **kw)))
+
+    def status(self, batch_id: str) -> BatchStatus:
+        return BatchStatus.model_validate(self._req("GET", f"/v1/batches/{batch_id}"))
+
+    def cancel(self, batch_id: str) -> BatchStatus:
+        return BatchStatus.model_validate(self._req("DELETE", f"/v1/batches/{batch_id}"))
+
+    def trajectory(self, trajectory_id: str) -> Trajectory:
+        return Trajectory.model_validate(self._req("GET", f"/v1/trajectories/{trajectory_id}"))
+
+    def trajectories(self, batch_id: str, page_size: int = 100) -> Iterator[Trajectory]:
+        """Every trajectory of the batch in submission order (finished or not)."""
+        cursor: int | None = 0
+        while cursor is not None:
+            page = TrajectoryPage.model_validate(self._req("GET", f"/v1/batches/{batch_id}/trajectories",
+                                                           params={"cursor": cursor, "limit": page_size}))
+            yield from page.items
+            cursor = page.next_cursor
+
+    def events(self, batch_id: str) -> Iterator[TrajectoryEvent]:
+        """Terminal events as they happen; reconnects (resuming) if the stream drops."""
+        last, failures = "0", 0
+        while True:
+            try:
+                with self._http.stream("GET", f"/v1/batches/{batch_id}/events",
+                                       headers={"Last-Event-ID": last}, timeout=httpx.Timeout(30.0, read=None)) as r:
+                    if r.status_code >= 400:
+                        r.read()
+                        self.check(r)
+                    failures, lines = 0, []
+                    for line in r.iter_lines():
+                        if line:
+                            lines.append(line)
+                            continue
+                        eid, event, data = self.parse_sse(lines)
+                        lines = []
+                        if eid:
+                            last = eid
+                        if event == "done":
+                            return
+                        if event == "trajectory" and data:
+                            yield TrajectoryEvent.model_validate_json(data)
+            except (httpx.TransportError, httpx.RemoteProtocolError) as e:
+                if failures >= len(_RECONNECT_S):
+                    raise TransportError(f"event stream lost: {e!r}") from e
+                time.sleep(_RECONNECT_S[failures])
+                failures += 1
+
+    def iter_results(self, batch_id: str) -> Iterator[Trajectory]:
+        """Full trajectories, each as soon as it finishes."""
+        for ev in self.events(batch_id):
+            yield self.trajectory(ev.trajectory_id)
+
+    def wait(self, batch_id: str, poll_s: float = 0.5, timeout: float | None = None) -> BatchStatus:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            st = self.status(batch_id)
+            if st.state.value in ("completed", "cancelled") and st.finished_at is not None:
+                return st
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"batch {batch_id} not done after {timeout}s")
+            time.sleep(poll_s)
+
+    def engines(self) -> list[dict]:
+        return self._req("GET", "/v1/engines")
+
+    def register_engine(self, id: str, url: str, **kw: Any) -> dict:
+        return self._req("POST", "/v1/engines", json={"id": id, "url": url, **kw})
+
+    def deregister_engine(self, engine_id: str) -> dict:
+        return self._req("DELETE", f"/v1/engines/{engine_id}")
+
+
+class AsyncRolloutClient(_Base):
+    def __init__(self, base_url: str = "http://127.0.0.1:8000", api_key: str | None = None, timeout: float = 30.0,
+                 transport: httpx.AsyncBaseTransport | None = None):
+        super().__init__(base_url, api_key)
+        self._http = httpx.AsyncClient(base_url=self.base_url, headers=self.headers, timeout=timeout,
+                                       transport=transport)
+
+    async def __aenter__(self) -> "AsyncRolloutClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _req(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            return self.check(await self._http.request(method, path, **kw))
+        except httpx.TransportError as e:
+            raise TransportError(f"cannot reach {self.base_url}: {e!r}") from e
+
+    async def submit(self, tasks: list[dict[str, Any]], env: str, group_size: int = 1,
+                     sampling: dict | SamplingParams | None = None, **kw: Any) -> BatchCreated:
+        return BatchCreated.model_validate(await self._req("POST", "/v1/batches",
+                                                           json=self.build(tasks, env, group_size, sampling, **kw)))
+
+    async def status(self, batch_id: str) -> BatchStatus:
+        return BatchStatus.model_validate(await self._req("GET", f"/v1/batches/{batch_id}"))
+
+    async def cancel(self, batch_id: str) -> BatchStatus:
+        return BatchStatus.model_validate(await self._req("DELETE", f"/v1/batches/{batch_id}"))
+
+    async def trajectory(self, trajectory_id: str) -> Trajectory:
+        return Trajectory.model_validate(await self._req("GET", f"/v1/trajectories/{trajectory_id}"))
+
+    async def trajectories(self, batch_id: str, page_size: int = 100) -> AsyncIterator[Trajectory]:
+        cursor: int | None = 0
+        while cursor is not None:
+            page = TrajectoryPage.model_validate(await self._req("GET", f"/v1/batches/{batch_id}/trajectories",
+                                                                 params={"cursor": cursor, "limit": page_size}))
+            for t in page.items:
+                yield t
+            cursor = page.next_cursor
+
+    async def events(self, batch_id: str) -> AsyncIterator[TrajectoryEvent]:
+        last, failures = "0", 0
+        while True:
+            try:
+                async with self._http.stream("GET", f"/v1/batches/{batch_id}/events",
+                                             headers={"Last-Event-ID": last},
+                                             timeout=httpx.Timeout(30.0, read=None)) as r:
+                    if r.status_code >= 400:
+                        await r.aread()
+                        self.check(r)
+                    failures, lines = 0, []
+                    async for line in r.aiter_lines():
+                        if line:
+                            lines.append(line)
+                            continue
+                        eid, event, data = self.parse_sse(lines)
+                        lines = []
+                        if eid:
+                            last = eid
+                        if event == "done":
+                            return
+                        if event == "trajectory" and data:
+                            yield TrajectoryEvent.model_validate_json(data)
+            except (httpx.TransportError, httpx.RemoteProtocolError) as e:
+                if failures >= len(_RECONNECT_S):
+                    raise TransportError(f"event stream lost: {e!r}") from e
+                await asyncio.sleep(_RECONNECT_S[failures])
+                failures += 1
+
+    async def iter_results(self, batch_id: str) -> AsyncIterator[Trajectory]:
+        async for ev in self.events(batch_id):
+            yield await self.trajectory(ev.trajectory_id)
+
+    async def wait(self, batch_id: str, poll_s: float = 0.5, timeout: float | None = None) -> BatchStatus:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            st = await self.status(batch_id)
+            if st.state.value in ("completed", "cancelled") and st.finished_at is not None:
+                return st
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"batch {batch_id} not done after {timeout}s")
+            await asyncio.sleep(poll_s)
+
+
+__all__ = ["AsyncRolloutClient", "RolloutClient"]
