@@ -48,14 +48,20 @@ class Fleet:
             await eng.aclose()
 
     def _available(self, tokenizer: str | None) -> dict[str, int]:
+        """Loads of the engines that can serve; ones that just failed only if nothing else can."""
         now = time.monotonic()
-        return {e: self._load.get(e, 0) for e, (_, tok) in self._engines.items()
-                if self._down.get(e, 0) <= now and (tokenizer is None or tok == tokenizer)}
+        able = {e: self._load.get(e, 0) for e, (_, tok) in self._engines.items()
+                if tokenizer is None or tok == tokenizer}
+        healthy = {e: n for e, n in able.items() if self._down.get(e, 0) <= now}
+        return healthy or able
 
     async def tokenizer_for(self, trajectory_id: str) -> tuple[str, Tokenizer]:
         """The tokenizer of the engine a new trajectory will start on."""
         await self.refresh()
-        eid = self.policy.pick(trajectory_id, self._available(None))
+        try:
+            eid = self.policy.pick(trajectory_id, self._available(None))
+        except NoEngine as e:
+            raise EngineError("no engine registered") from e
         spec = self._engines[eid][1]
         return spec, await asyncio.to_thread(load_tokenizer, spec)
 

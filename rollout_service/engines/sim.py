@@ -63,13 +63,15 @@ class SimEngine:
     """In-process simulated engine. Concurrency-aware: decode slows with more sequences."""
 
     def __init__(self, id: str = "sim-0", seed: int = 0, cost: CostModel | None = None,
-                 time_scale: float = 0.0, policy_version: int = 0):
+                 time_scale: float = 0.0, policy_version: int = 0, policy=toy_policy):
+        """`policy(prompt_text, rng) -> response text` stands in for the model."""
         self.id = id
         self.seed = seed
         self.cost = cost or CostModel()
         self.time_scale = time_scale
         self.policy_version = policy_version
         self.tok = ByteTokenizer()
+        self.policy = policy
         self._running = 0
 
     def _rng(self, req: GenerateRequest) -> random.Random:
@@ -80,7 +82,7 @@ class SimEngine:
 
     def sample(self, req: GenerateRequest) -> tuple[list[int], list[float], str]:
         rng = self._rng(req)
-        text = toy_policy(self.tok.decode(req.prompt_ids), rng)
+        text = self.policy(self.tok.decode(req.prompt_ids), rng)
         ids = [*self.tok.encode(text), self.tok.eos_id]
         finish = "stop"
         if len(ids) > req.sampling.max_tokens:

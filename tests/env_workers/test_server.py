@@ -1,0 +1,79 @@
+"""The env worker over real HTTP, and its registration in Redis."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+
+from env_workers.client import EnvRejected, RemoteEnvs
+from env_workers.server import create_app
+from rollout_service.protocol import WorkerInfo
+from scheduler.registry import Registry
+from tests.conftest import REDIS_URL, LiveServer
+
+
+@pytest.fixture
+def env_server():
+    with LiveServer(create_app(max_sessions=2)) as srv:
+        yield srv
+
+
+def test_session_lifecycle(env_server):
+    with httpx.Client(base_url=env_server.url) as c:
+        opened = c.post("/v1/sessions", json={"env": "calc", "task": {"seed": 1}}).json()
+        assert opened["observation"][0]["role"] == "system"
+        sid = opened["session_id"]
+        r = c.post(f"/v1/sessions/{sid}/step", json={"action": "calc: 2 * 21"}).json()
+        assert r["observation"][0]["content"] == "result: 42" and r["terminated"] is False
+        assert c.delete(f"/v1/sessions/{sid}").status_code == 200
+        gone = c.post(f"/v1/sessions/{sid}/step", json={"action": "x"})
+        assert gone.status_code == 404 and gone.json()["error"]["code"] == "not_found"
+
+
+def test_errors_use_one_shape(env_server):
+    with httpx.Client(base_url=env_server.url) as c:
+        unknown = c.post("/v1/sessions", json={"env": "nope", "task": {}})
+        assert unknown.status_code == 404 and "unknown environment" in unknown.json()["error"]["message"]
+        bad_task = c.post("/v1/sessions", json={"env": "math", "task": {"x": 1}})
+        assert bad_task.status_code == 422 and bad_task.json()["error"]["code"] == "env_error"
+        invalid = c.post("/v1/sessions", json={"env": 3})
+        assert invalid.status_code == 422 and invalid.json()["error"]["code"] == "invalid_request"
+
+
+def test_session_cap_is_backpressure(env_server):
+    with httpx.Client(base_url=env_server.url) as c:
+        for _ in range(2):
+            assert c.post("/v1/sessions", json={"env": "math", "task": {"seed": 1}}).status_code == 200
+        over = c.post("/v1/sessions", json={"env": "math", "task": {"seed": 1}})
+        assert over.status_code == 429 and over.json()["error"]["code"] == "overloaded"
+
+
+async def test_remote_envs_client(env_server):
+    async def pick(env):
+        return env_server.url
+
+    envs = RemoteEnvs(pick)
+    h, obs = await envs.open("math", {"question": "1+1?", "answer": 2}, None)
+    r = await envs.step(h, "answer: 2")
+    assert r.terminated and r.reward == 1.0
+    with pytest.raises(EnvRejected):
+        await envs.open("math", {"bad": 1}, None)
+    await envs.close(h)
+    await envs.aclose()
+
+
+async def test_worker_registers_and_drops_out_when_stopped(keys, redis):
+    info = WorkerInfo(id="env-t", url="http://x", envs=["math", "calc"])
+    reg = Registry(redis, keys)
+    with LiveServer(create_app(registration=(aioredis.from_url(REDIS_URL), keys, info))):
+        deadline = time.monotonic() + 5
+        while not await reg.workers() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [w.id for w in await reg.workers()] == ["env-t"]
+        assert await reg.pick_worker("calc") == "http://x"
+        with pytest.raises(LookupError):
+            await reg.pick_worker("chess")
+    assert await reg.workers() == []

@@ -1,0 +1,117 @@
+"""The gateway over real HTTP against a real Redis."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+
+from tests.conftest import RunningWorker
+
+BATCH = {"tasks": [{"seed": 1}, {"seed": 2}], "env": "math", "group_size": 3}
+
+
+def test_submit_returns_at_once_and_status_counts(gateway):
+    with httpx.Client(base_url=gateway.url) as c:
+        r = c.post("/v1/batches", json=BATCH)
+        assert r.status_code == 202
+        body = r.json()
+        assert body["num_trajectories"] == 6 and body["created"] is True
+        st = c.get(f"/v1/batches/{body['id']}").json()
+        assert st["state"] == "queued" and st["counts"]["queued"] == 6  # no worker yet: nothing ran
+
+
+def test_idempotency_key_never_duplicates(gateway):
+    with httpx.Client(base_url=gateway.url) as c:
+        ids = {c.post("/v1/batches", json={**BATCH, "idempotency_key": "k1"}).json()["id"] for _ in range(3)}
+        assert len(ids) == 1
+        assert len(c.get("/v1/batches").json()) == 1
+
+
+def test_results_pages_and_events(gateway, settings):
+    with httpx.Client(base_url=gateway.url) as c, RunningWorker(settings):
+        bid = c.post("/v1/batches", json=BATCH).json()["id"]
+        events = []
+        with c.stream("GET", f"/v1/batches/{bid}/events", timeout=30) as r:
+            assert r.headers["content-type"].startswith("text/event-stream")
+            for line in r.iter_lines():
+                if line.startswith("event:"):
+                    events.append(line.split(":", 1)[1].strip())
+        assert events.count("trajectory") == 6 and events[-1] == "done"
+        st = c.get(f"/v1/batches/{bid}").json()
+        assert st["state"] == "completed" and st["counts"]["completed"] == 6
+        page1 = c.get(f"/v1/batches/{bid}/trajectories", params={"limit": 4}).json()
+        page2 = c.get(f"/v1/batches/{bid}/trajectories", params={"cursor": page1["next_cursor"], "limit": 4}).json()
+        ids = [t["id"] for t in page1["items"] + page2["items"]]
+        assert len(set(ids)) == 6 and page2["next_cursor"] is None
+        one = c.get(f"/v1/trajectories/{ids[0]}").json()
+        assert one["turns"][0]["output_ids"] and one["reward"] in (0.0, 1.0)
+
+
+def test_cancel_stops_the_batch(gateway):
+    with httpx.Client(base_url=gateway.url) as c:
+        bid = c.post("/v1/batches", json=BATCH).json()["id"]
+        st = c.delete(f"/v1/batches/{bid}").json()
+        assert st["state"] == "cancelled" and st["counts"]["cancelled"] == 6
+        t = c.get(f"/v1/trajectories/{bid}-0-0").json()
+        assert t["state"] == "cancelled" and t["failure"]["kind"] == "cancelled"
+
+
+def test_bad_input_is_4xx_with_one_error_shape(gateway):
+    with httpx.Client(base_url=gateway.url) as c:
+        cases = [
+            c.post("/v1/batches", json={"tasks": [], "env": "math"}),
+            c.post("/v1/batches", json={**BATCH, "group_size": 0}),
+            c.post("/v1/batches", json={**BATCH, "sampling": {"temperature": -1}}),
+            c.post("/v1/batches", json={**BATCH, "surprise": 1}),
+            c.post("/v1/batches", content=b"{not json", headers={"content-type": "application/json"}),
+            c.get("/v1/batches/nope"),
+            c.get("/v1/trajectories/nope"),
+            c.delete("/v1/batches/nope"),
+            c.get("/v1/batches/nope/events"),
+            c.get("/v1/nowhere"),
+        ]
+        for r in cases:
+            assert 400 <= r.status_code < 500, (r.request.url, r.status_code)
+            err = r.json()["error"]
+            assert set(err) == {"code", "message", "details"} and err["message"]
+
+
+def test_oversized_body_is_413(gateway, settings):
+    with httpx.Client(base_url=gateway.url) as c:
+        big = b"x" * (settings.max_request_bytes + 1)
+        r = c.post("/v1/batches", content=big, headers={"content-type": "application/json"})
+        assert r.status_code == 413 and r.json()["error"]["code"] == "too_large"
+
+
+def test_engines_register_and_deregister(gateway):
+    with httpx.Client(base_url=gateway.url) as c:
+        r = c.post("/v1/engines", json={"id": "e1", "url": "http://127.0.0.1:9", "policy_version": 3})
+        assert r.status_code == 201
+        assert [e["id"] for e in c.get("/v1/engines").json()] == ["e1"]
+        assert c.delete("/v1/engines/e1").status_code == 200
+        assert c.delete("/v1/engines/e1").status_code == 404
+
+
+def test_healthz_docs_and_metrics(gateway):
+    with httpx.Client(base_url=gateway.url) as c:
+        assert c.get("/healthz").json() == {"ok": True}
+        assert c.get("/docs").status_code == 200
+        assert "/v1/batches" in c.get("/openapi.json").json()["paths"]
+        c.post("/v1/batches", json=BATCH)
+        m = c.get("/metrics").text
+        assert "rollout_queue_depth 6.0" in m and "rollout_batches_submitted_total 1.0" in m
+
+
+def test_jobs_survive_a_gateway_restart(settings):
+    from rollout_service.app import create_app
+    from tests.conftest import LiveServer
+
+    with LiveServer(create_app(settings)) as g1, httpx.Client() as c:
+        bid = c.post(f"{g1.url}/v1/batches", json=BATCH).json()["id"]
+    with LiveServer(create_app(settings)) as g2, httpx.Client() as c, RunningWorker(settings):
+        deadline = time.monotonic() + 30
+        while c.get(f"{g2.url}/v1/batches/{bid}").json()["state"] != "completed":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert c.get(f"{g2.url}/v1/batches/{bid}").json()["counts"]["completed"] == 6

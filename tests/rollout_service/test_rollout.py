@@ -1,0 +1,111 @@
+"""The multi-turn loop with a scripted engine and in-process environments."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from env_workers.client import LocalEnvs
+from rollout_service.engines.base import EngineError
+from rollout_service.engines.fleet import Fleet
+from rollout_service.engines.sim import SimEngine
+from rollout_service.protocol import FailureKind, RolloutRequest, SamplingParams, TrajectoryState
+from rollout_service.rollout import run_episode
+from rollout_service.tokens import ByteTokenizer
+from scheduler.store import Work
+
+TOK = ByteTokenizer()
+
+
+def scripted(*replies: str):
+    it = itertools.cycle(replies)
+    return lambda prompt, rng: next(it)
+
+
+def work(env="calc", task=None, **kw) -> Work:
+    params = RolloutRequest(tasks=[{}], env=env, **kw)
+    return Work("b-0-0", "b", 0, 0, task or {"question": "What is 6*7?", "answer": 42}, params)
+
+
+def fleet(*engines) -> Fleet:
+    return Fleet({e.id: (e, "byte") for e in engines})
+
+
+async def test_calc_episode_keeps_exact_tokens_and_masks():
+    eng = SimEngine(policy=scripted("calc: 6 * 7", "answer: 42"))
+    traj = await run_episode(work(), fleet(eng), LocalEnvs())
+    assert traj.state is TrajectoryState.completed and traj.reward == 1.0 and len(traj.turns) == 2
+    t0, t1 = traj.turns
+    # sampled ids are exactly what the engine returned, eos included
+    assert t0.output_ids == [*TOK.encode("calc: 6 * 7"), TOK.eos_id]
+    # the observation enters as prompt tokens (mask 0), never as sampled tokens
+    assert "result: 42" in TOK.decode(t1.prompt_ids)
+    assert traj.loss_mask == [0] * len(t0.prompt_ids) + [1] * len(t0.output_ids) + \
+        [0] * len(t1.prompt_ids) + [1] * len(t1.output_ids)
+    assert len(traj.logprobs) == len(traj.token_ids) == len(traj.loss_mask)
+    # what the engine saw on turn 2 is the concatenation of everything before it
+    assert TOK.decode(traj.token_ids).count("<|im_start|>assistant") == 2
+    assert [m.role for m in traj.messages] == ["system", "user", "assistant", "user", "assistant"]
+
+
+async def test_max_turns_truncates():
+    eng = SimEngine(policy=scripted("calc: 1 + 1"))
+    traj = await run_episode(work(max_turns=3), fleet(eng), LocalEnvs())
+    assert traj.state is TrajectoryState.truncated and len(traj.turns) == 3
+    assert traj.info["truncated_by"] == "max_turns" and traj.reward == 0.0
+
+
+async def test_token_budget_truncates():
+    eng = SimEngine(policy=scripted("calc: 1 + 1 " + "x" * 40))
+    traj = await run_episode(work(max_total_tokens=400, sampling=SamplingParams(max_tokens=64)), fleet(eng),
+                             LocalEnvs())
+    assert traj.state is TrajectoryState.truncated and traj.info["truncated_by"] == "max_total_tokens"
+    assert len(traj.token_ids) <= 400
+
+
+async def test_per_turn_max_tokens_cuts_the_reply():
+    eng = SimEngine(policy=scripted("answer: 42 and a long explanation"))
+    traj = await run_episode(work(env="math", sampling=SamplingParams(max_tokens=5)), fleet(eng), LocalEnvs())
+    assert traj.turns[0].finish_reason == "length" and len(traj.turns[0].output_ids) == 5
+
+
+class Broken:
+    id, policy_version = "broken", 0
+
+    async def generate(self, req):
+        raise EngineError("boom")
+
+    async def aclose(self):
+        pass
+
+
+async def test_turn_fails_over_to_a_healthy_engine():
+    good = SimEngine("good", policy=scripted("answer: 42"))
+    f = Fleet({"a-broken": (Broken(), "byte"), "good": (good, "byte")})
+    traj = await run_episode(work(env="math"), f, LocalEnvs())
+    assert traj.state is TrajectoryState.completed and traj.turns[0].engine_id == "good"
+
+
+async def test_engine_failure_is_data_with_kind_engine():
+    traj = await run_episode(work(env="math"), Fleet({"b": (Broken(), "byte")}), LocalEnvs())
+    assert traj.state is TrajectoryState.failed and traj.failure.kind is FailureKind.engine
+    assert traj.reward is None  # never turned into reward 0
+
+
+async def test_bad_task_is_an_env_failure():
+    traj = await run_episode(work(env="math", task={"nothing": 1}), fleet(SimEngine()), LocalEnvs())
+    assert traj.failure.kind is FailureKind.env and "bad math task" in traj.failure.message
+
+
+async def test_deadline_is_a_timeout_failure():
+    slow = SimEngine(policy=scripted("calc: 1+1"), time_scale=1000.0)
+    traj = await run_episode(work(deadline_s=0.2), fleet(slow), LocalEnvs())
+    assert traj.failure.kind is FailureKind.timeout
+
+
+@pytest.mark.parametrize("seed", [None, 7])
+async def test_sim_engine_is_deterministic_given_a_seed(seed):
+    a = await run_episode(work(sampling=SamplingParams(seed=seed)), fleet(SimEngine(seed=3)), LocalEnvs())
+    b = await run_episode(work(sampling=SamplingParams(seed=seed)), fleet(SimEngine(seed=3)), LocalEnvs())
+    assert a.token_ids == b.token_ids and a.logprobs == b.logprobs

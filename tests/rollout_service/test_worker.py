@@ -1,0 +1,101 @@
+"""Workers against a real Redis: whole batches, cancellation, retries, a worker dying."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+
+from rollout_service.engines.base import EngineError
+from rollout_service.engines.sim import SimEngine
+from rollout_service.protocol import FailureKind, RolloutRequest, TrajectoryState
+from scheduler.queue import Queue
+from scheduler.store import Store
+from tests.conftest import RunningWorker
+
+
+async def wait_done(store: Store, bid: str, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        st = await store.batch_status(bid)
+        if st.finished_at is not None:
+            return st
+        assert time.monotonic() < deadline, f"batch not done: {st.counts}"
+        await asyncio.sleep(0.05)
+
+
+async def test_worker_runs_a_calc_batch(settings, redis, keys):
+    q, store = Queue(redis, keys), Store(redis, keys)
+    b = await q.enqueue(RolloutRequest(tasks=[{"seed": i} for i in range(4)], env="calc", group_size=4))
+    with RunningWorker(settings):
+        st = await wait_done(store, b.id)
+    assert st.counts[TrajectoryState.completed] + st.counts[TrajectoryState.truncated] == 16
+    trajs, _ = await store.trajectories(b.id, 0, 100)
+    assert all(t.turns and len(t.token_ids) == len(t.loss_mask) for t in trajs)
+    assert any(len(t.turns) > 1 for t in trajs)  # the toy policy used the calculator somewhere
+
+
+async def test_cancel_stops_running_trajectories(settings, redis, keys):
+    slow = {"slow": (SimEngine("slow", time_scale=2000.0), "byte")}
+    q, store = Queue(redis, keys), Store(redis, keys)
+    b = await q.enqueue(RolloutRequest(tasks=[{"seed": 1}], env="calc", group_size=4))
+    with RunningWorker(settings, engines=slow):
+        while (await store.batch_status(b.id)).counts[TrajectoryState.running] < 4:
+            await asyncio.sleep(0.05)
+        t0 = time.monotonic()
+        await q.cancel(b.id)
+        st = await wait_done(store, b.id, timeout=10)
+        elapsed = time.monotonic() - t0
+    assert st.state.value == "cancelled" and st.counts[TrajectoryState.cancelled] == 4
+    assert elapsed < settings.lease_s * 2  # within a heartbeat or two, not a lease expiry
+    t = await store.trajectory(f"{b.id}-0-0")
+    assert t.failure.kind is FailureKind.cancelled
+
+
+class FlakyEngine(SimEngine):
+    """Fails the first `n` requests, then behaves."""
+
+    def __init__(self, n: int):
+        super().__init__("flaky")
+        self.left = n
+
+    async def generate(self, req):
+        if self.left > 0:
+            self.left -= 1
+            raise EngineError("transient")
+        return await super().generate(req)
+
+
+async def test_infrastructure_failure_is_retried_then_recorded(settings, redis, keys):
+    q, store = Queue(redis, keys, max_attempts=settings.max_attempts), Store(redis, keys)
+    # 3 engine attempts per turn x 1 trajectory attempt fail, the second trajectory attempt succeeds
+    b = await q.enqueue(RolloutRequest(tasks=[{"seed": 1}], env="math"))
+    with RunningWorker(settings, engines={"flaky": (FlakyEngine(3), "byte")}):
+        await wait_done(store, b.id)
+    t = await store.trajectory(f"{b.id}-0-0")
+    assert t.state is TrajectoryState.completed and t.attempts == 2
+
+    b2 = await q.enqueue(RolloutRequest(tasks=[{"seed": 1}], env="math"))
+    with RunningWorker(settings, engines={"flaky": (FlakyEngine(10**6), "byte")}):
+        await wait_done(store, b2.id)
+    t2 = await store.trajectory(f"{b2.id}-0-0")
+    assert t2.state is TrajectoryState.failed and t2.failure.kind is FailureKind.engine
+    assert t2.attempts == settings.max_attempts and t2.failure.maskable and not t2.usable
+
+
+async def test_dead_workers_trajectory_is_picked_up_by_another(settings, redis, keys):
+    settings = dataclasses.replace(settings, lease_s=0.6)
+    q, store = Queue(redis, keys, settings.lease_s), Store(redis, keys)
+    b = await q.enqueue(RolloutRequest(tasks=[{"seed": 1}], env="math"))
+    hung = {"hung": (SimEngine("hung", time_scale=10**6), "byte")}
+    w1 = RunningWorker(settings, engines=hung).__enter__()
+    while (await store.batch_status(b.id)).counts[TrajectoryState.running] == 0:
+        await asyncio.sleep(0.02)
+    # Freeze worker 1 as if it died: its loop stops heartbeating but never releases the lease.
+    w1.loop.call_soon_threadsafe(lambda: [t.cancel() for t in asyncio.all_tasks(w1.loop)])
+    w1.thread.join(5)
+    with RunningWorker(settings):
+        st = await wait_done(store, b.id)
+    assert st.counts[TrajectoryState.completed] == 1
+    t = await store.trajectory(f"{b.id}-0-0")
+    assert t.attempts == 2 and t.turns[0].engine_id == "sim-0"

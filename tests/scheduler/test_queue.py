@@ -1,0 +1,130 @@
+"""The queue against a real Redis: leases, expiry, retries, idempotency, cancel."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rollout_service.protocol import Failure, FailureKind, RolloutRequest, Trajectory, TrajectoryState
+from scheduler.queue import LeaseLost, Queue
+from scheduler.store import Store
+
+
+def request(n_tasks=2, group=2, **kw) -> RolloutRequest:
+    return RolloutRequest(tasks=[{"seed": i} for i in range(n_tasks)], env="math", group_size=group, **kw)
+
+
+def finished(tid: str, state=TrajectoryState.completed, reward=1.0) -> Trajectory:
+    return Trajectory(id=tid, batch_id=tid.split("-")[0], group_index=0, sample_index=0, env="math", task={},
+                      state=state, reward=reward)
+
+
+@pytest.fixture
+def queue(redis, keys) -> Queue:
+    return Queue(redis, keys, lease_s=0.3, max_attempts=2)
+
+
+@pytest.fixture
+def store(redis, keys) -> Store:
+    return Store(redis, keys)
+
+
+async def test_enqueue_expands_tasks_times_group(queue, store):
+    b = await queue.enqueue(request(3, 4))
+    assert b.created and b.num_trajectories == 12
+    st = await store.batch_status(b.id)
+    assert st.counts[TrajectoryState.queued] == 12 and st.state.value == "queued"
+    page, nxt = await store.trajectories(b.id, 0, 5)
+    assert [t.id for t in page] == [f"{b.id}-0-0", f"{b.id}-0-1", f"{b.id}-0-2", f"{b.id}-0-3", f"{b.id}-1-0"]
+    assert nxt == 5
+
+
+async def test_same_idempotency_key_returns_same_batch(queue, store, redis, keys):
+    a = await queue.enqueue(request(idempotency_key="step-7"))
+    b = await queue.enqueue(request(idempotency_key="step-7"))
+    assert a.id == b.id and a.created and not b.created and b.num_trajectories == 4
+    assert await queue.depth() == 4  # no duplicate trajectories queued
+    assert len(await store.list_batches()) == 1
+
+
+async def test_claim_complete_counts_and_first_result_wins(queue, store):
+    b = await queue.enqueue(request(1, 1))
+    c = await queue.claim("w1")
+    assert c.trajectory_id == f"{b.id}-0-0" and c.attempt == 1
+    assert (await store.batch_status(b.id)).counts[TrajectoryState.running] == 1
+    assert await queue.complete(c, finished(c.trajectory_id, reward=0.5))
+    assert not await queue.complete(c, finished(c.trajectory_id, reward=0.9))  # late duplicate dropped
+    st = await store.batch_status(b.id)
+    assert st.state.value == "completed" and st.counts[TrajectoryState.completed] == 1 and st.finished_at
+    assert (await store.trajectory(c.trajectory_id)).reward == 0.5
+
+
+async def test_expired_lease_is_reclaimed_by_another_worker(queue, store):
+    b = await queue.enqueue(request(1, 1))
+    dead = await queue.claim("dying-worker")
+    assert await queue.claim("w2") is None
+    await asyncio.sleep(0.4)  # lease_s=0.3 lapses: the dying worker never heartbeats
+    assert await queue.reap() == (1, 0)
+    alive = await queue.claim("w2")
+    assert alive.trajectory_id == dead.trajectory_id and alive.attempt == 2
+    with pytest.raises(LeaseLost):
+        await queue.heartbeat(dead)
+    assert not await queue.complete(dead, finished(dead.trajectory_id))  # stale holder cannot write
+    assert await queue.complete(alive, finished(alive.trajectory_id))
+    assert (await store.batch_status(b.id)).counts[TrajectoryState.completed] == 1
+
+
+async def test_heartbeat_keeps_the_lease(queue):
+    await queue.enqueue(request(1, 1))
+    c = await queue.claim("w1")
+    for _ in range(4):
+        await asyncio.sleep(0.15)
+        assert await queue.heartbeat(c)
+    assert await queue.reap() == (0, 0)
+
+
+async def test_out_of_attempts_fails_with_internal_kind(queue, store):
+    await queue.enqueue(request(1, 1))
+    for _ in range(2):
+        await queue.claim("w")
+        await asyncio.sleep(0.35)
+        await queue.reap()
+    t = (await store.trajectory((await queue.r.lrange(queue.k.batch_trajs((await store.list_batches())[0]), 0, 0))[0]
+                                .decode()))
+    assert t.state is TrajectoryState.failed and t.failure.kind is FailureKind.internal
+
+
+async def test_retry_requeues_within_budget(queue):
+    await queue.enqueue(request(1, 1))
+    c = await queue.claim("w")
+    assert await queue.retry(c)
+    again = await queue.claim("w")
+    assert again.trajectory_id == c.trajectory_id and again.attempt == 2
+
+
+async def test_cancel_ends_queued_and_flags_running(queue, store):
+    b = await queue.enqueue(request(2, 1))
+    running = await queue.claim("w")
+    assert await queue.cancel(b.id) is True
+    assert await queue.heartbeat(running) is False  # the holder learns of the cancel
+    assert await queue.claim("w") is None  # the queued one is gone
+    st = await store.batch_status(b.id)
+    assert st.state.value == "cancelled" and st.counts[TrajectoryState.cancelled] == 1
+    t = finished(running.trajectory_id, TrajectoryState.cancelled, None)
+    t.failure = Failure(kind=FailureKind.cancelled, message="batch cancelled")
+    assert await queue.complete(running, t)
+    st = await store.batch_status(b.id)
+    assert st.state.value == "cancelled" and st.finished_at is not None
+    assert await queue.cancel("nope") is None and await queue.cancel(b.id) is False
+
+
+async def test_events_stream_each_terminal_state_then_done(queue, store):
+    b = await queue.enqueue(request(1, 2))
+    for _ in range(2):
+        c = await queue.claim("w")
+        await queue.complete(c, finished(c.trajectory_id))
+    events = await store.events(b.id, "0", block_ms=100)
+    assert [e.trajectory_id for _, e in events[:2]] == [f"{b.id}-0-0", f"{b.id}-0-1"]
+    assert events[-1][1] is None and len(events) == 3
+    assert await store.events(b.id, events[0][0], block_ms=100) == events[1:]  # resumable by id

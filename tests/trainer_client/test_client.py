@@ -1,0 +1,47 @@
+"""The trainer SDK, sync and async, against a live gateway and worker."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainer_client import APIError, AsyncRolloutClient, NotFoundError, RolloutClient, TransportError
+from tests.conftest import RunningWorker, free_port
+
+TASKS = [{"question": "What is 6 times 7?", "answer": 42}, {"seed": 4}]
+
+
+def test_submit_and_iter_results(gateway, settings):
+    with RolloutClient(gateway.url) as c, RunningWorker(settings):
+        batch = c.submit(TASKS, env="calc", group_size=4, sampling={"temperature": 1.0, "max_tokens": 64})
+        got = list(c.iter_results(batch.id))
+        assert len(got) == 8 and len({t.id for t in got}) == 8
+        for t in got:
+            assert len(t.token_ids) == len(t.logprobs) == len(t.loss_mask) > 0
+            assert t.reward is not None and t.failure is None
+            assert sum(t.loss_mask) == sum(len(x.output_ids) for x in t.turns)
+        st = c.wait(batch.id, timeout=10)
+        assert st.state.value == "completed" and st.done == 8
+        assert [t.id for t in c.trajectories(batch.id, page_size=3)] == [f"{batch.id}-{g}-{s}" for g in range(2)
+                                                                          for s in range(4)]
+
+
+def test_errors_are_typed(gateway):
+    with RolloutClient(gateway.url) as c:
+        with pytest.raises(NotFoundError):
+            c.status("missing")
+        with pytest.raises(APIError) as e:
+            c._req("POST", "/v1/batches", json={"tasks": [{}], "env": "bad env!"})
+        assert e.value.status == 422 and e.value.code == "invalid_request"
+    with RolloutClient(f"http://127.0.0.1:{free_port()}") as c, pytest.raises(TransportError):
+        c.status("x")
+
+
+async def test_async_client(gateway, settings):
+    async with AsyncRolloutClient(gateway.url) as c:
+        with RunningWorker(settings):
+            batch = await c.submit(TASKS, env="math", group_size=2, idempotency_key="a1")
+            again = await c.submit(TASKS, env="math", group_size=2, idempotency_key="a1")
+            assert again.id == batch.id and not again.created
+            got = [t async for t in c.iter_results(batch.id)]
+        assert len(got) == 4 and all(t.state.value == "completed" for t in got)
+        assert (await c.cancel(batch.id)).state.value == "completed"  # finished batches stay finished
