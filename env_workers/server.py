@@ -126,7 +126,8 @@ def create_app(max_sessions: int = 1024, idle_s: float = 600.0, registration=Non
     return app
 
 
-def serve(host: str, port: int, redis_url: str | None, prefix: str, worker_id: str | None = None) -> None:
+def serve(host: str, port: int, redis_url: str | None, prefix: str, worker_id: str | None = None,
+          advertise: str | None = None) -> None:
     import uvicorn
 
     registration = None
@@ -135,6 +136,7 @@ def serve(host: str, port: int, redis_url: str | None, prefix: str, worker_id: s
 
         from scheduler.keys import Keys
 
-        info = WorkerInfo(id=worker_id or f"env-{host}-{port}", url=f"http://{host}:{port}", envs=registry.names())
+        info = WorkerInfo(id=worker_id or f"env-{host}-{port}", url=advertise or f"http://{host}:{port}",
+                          envs=registry.names())
         registration = (aioredis.from_url(redis_url), Keys(prefix), info)
     uvicorn.run(create_app(registration=registration), host=host, port=port, log_level="warning")

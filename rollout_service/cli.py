@@ -79,7 +79,7 @@ def cmd_env_worker(args) -> None:
     from env_workers.server import serve
 
     s = Settings.from_env()
-    serve(args.host, args.port, s.redis_url, s.key_prefix, args.id)
+    serve(args.host, args.port, s.redis_url, s.key_prefix, args.id, args.advertise)
 
 
 def cmd_sim_engine(args) -> None:
@@ -310,6 +310,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     sp.add_argument("--port", type=int, default=8002, help="port (default 8002)")
     sp.add_argument("--id", default=None, help="worker id in the registry (default env-HOST-PORT)")
+    sp.add_argument("--advertise", default=None,
+                    help="URL rollout workers use to reach this worker (default http://HOST:PORT)")
     sp.set_defaults(fn=cmd_env_worker)
 
     sp = sub.add_parser("sim-engine", help="serve the simulated engine over vLLM's completions API")
