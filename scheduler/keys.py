@@ -14,7 +14,9 @@
     {p}worker:{id}:alive          string present while the env worker heartbeats (TTL)
     {p}stats                      hash   counters: finished:{state}, failure:{kind}
 
-The prefix lets several deployments (or tests) share one Redis.
+The prefix lets several deployments (or tests) share one Redis. The Lua scripts in
+`scheduler.queue` build the same names from the prefix (a script may only touch keys it can
+name); the tests read everything back through `Keys`, so a drift between the two fails them.
 """
 
 from __future__ import annotations
