@@ -63,7 +63,7 @@ def cmd_worker(args) -> None:
         r = aioredis.from_url(s.redis_url)
         keys = Keys(s.key_prefix)
         reg = Registry(r, keys)
-        worker = Worker(Queue(r, keys, s.lease_s, s.max_attempts), Store(r, keys), Fleet(discover=reg.engines),
+        worker = Worker(Queue(r, keys, s.lease_s, s.max_attempts), Store(r, keys), Fleet(registry=reg),
                         RemoteEnvs(reg.pick_worker), concurrency=args.concurrency or s.worker_concurrency)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -15,7 +15,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # Bounds on what one request may ask for (invariant: nothing unbounded).
 MAX_TRAJECTORIES_PER_BATCH = 10_000
@@ -266,3 +266,37 @@ class EnvStepped(_Wire):
     terminated: bool
     truncated: bool
     info: dict[str, Any] = Field(default_factory=dict)
+
+
+# --- weights (trainer -> engines) ---
+
+class LoraAdapter(_Wire):
+    name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:-]+$")
+    path: str = Field(min_length=1, max_length=1024, description="Folder readable by the engines.")
+
+
+class WeightUpdate(_Wire):
+    """Push new weights: a full checkpoint folder (`path`) or a LoRA adapter (`lora`)."""
+
+    path: str | None = Field(None, min_length=1, max_length=1024)
+    lora: LoraAdapter | None = None
+    version: int | None = Field(None, ge=0, description="Default: highest current version + 1.")
+    engines: list[str] | None = Field(None, description="Default: every registered engine.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "WeightUpdate":
+        if (self.path is None) == (self.lora is None):
+            raise ValueError("give exactly one of 'path' (full weights) or 'lora'")
+        return self
+
+
+class EngineUpdateResult(_Wire):
+    engine_id: str
+    ok: bool
+    seconds: float
+    error: str | None = None
+
+
+class WeightUpdateResult(_Wire):
+    version: int
+    results: list[EngineUpdateResult]

@@ -42,6 +42,7 @@ class Worker:
 
     async def run(self, stop: asyncio.Event) -> None:
         reaper = asyncio.create_task(self._reap_forever(stop))
+        prober = asyncio.create_task(self._probe_forever(stop))
         idle = self.poll_s
         try:
             while not stop.is_set():
@@ -61,9 +62,10 @@ class Worker:
                 task.add_done_callback(self._active.discard)
         finally:
             reaper.cancel()
+            prober.cancel()
             for t in list(self._active):
                 t.cancel()
-            await asyncio.gather(*self._active, reaper, return_exceptions=True)
+            await asyncio.gather(*self._active, reaper, prober, return_exceptions=True)
 
     async def _reap_forever(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -74,6 +76,15 @@ class Worker:
             except Exception:  # a reaper hiccup must not stop the worker
                 log.exception("reap failed")
             await asyncio.sleep(self.heartbeat_s)
+
+    async def _probe_forever(self, stop: asyncio.Event, every_s: float = 2.0) -> None:
+        """Engine health checks: a dead engine leaves rotation within `every_s`."""
+        while not stop.is_set():
+            try:
+                await self.fleet.probe()
+            except Exception:
+                log.exception("engine probe failed")
+            await asyncio.sleep(every_s)
 
     async def _handle(self, claim: Claim) -> None:
         try:

@@ -25,6 +25,17 @@ class Registry:
     async def remove_engine(self, engine_id: str) -> bool:
         return bool(await self.r.hdel(self.k.engines, engine_id))
 
+    async def engine(self, engine_id: str) -> EngineInfo | None:
+        raw = await self.r.hget(self.k.engines, engine_id)
+        return EngineInfo.model_validate_json(raw) if raw else None
+
+    async def set_policy_version(self, engine_id: str, version: int, model: str | None = None) -> None:
+        info = await self.engine(engine_id)
+        if info is None:
+            raise KeyError(engine_id)
+        update = {"policy_version": version} | ({"model": model} if model else {})
+        await self.add_engine(info.model_copy(update=update))
+
     async def engines(self) -> list[EngineInfo]:
         return sorted((EngineInfo.model_validate_json(v) for v in (await self.r.hgetall(self.k.engines)).values()),
                       key=lambda e: e.id)

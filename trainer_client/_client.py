@@ -23,11 +23,14 @@ import httpx
 from rollout_service.protocol import (
     BatchCreated,
     BatchStatus,
+    LoraAdapter,
     RolloutRequest,
     SamplingParams,
     Trajectory,
     TrajectoryEvent,
     TrajectoryPage,
+    WeightUpdate,
+    WeightUpdateResult,
 )
 from trainer_client._errors import APIError, NotFoundError, TransportError
 
@@ -45,6 +48,11 @@ class _Base:
         req = RolloutRequest(tasks=tasks, env=env, group_size=group_size,
                              sampling=SamplingParams.model_validate(sampling or {}), **kw)
         return req.model_dump(mode="json", exclude_none=True)
+
+    @staticmethod
+    def weights_body(path: str | None, lora: tuple[str, str] | None, version: int | None) -> dict:
+        body = WeightUpdate(path=path, lora=LoraAdapter(name=lora[0], path=lora[1]) if lora else None, version=version)
+        return body.model_dump(mode="json", exclude_none=True)
 
     @staticmethod
     def check(r: httpx.Response) -> Any:
@@ -170,6 +178,12 @@ class RolloutClient(_Base):
     def deregister_engine(self, engine_id: str) -> dict:
         return self._req("DELETE", f"/v1/engines/{engine_id}")
 
+    def update_weights(self, path: str | None = None, lora: tuple[str, str] | None = None,
+                       version: int | None = None, timeout: float = 600.0) -> WeightUpdateResult:
+        """Move every engine to new weights (a full checkpoint folder, or `lora=(name, path)`)."""
+        return WeightUpdateResult.model_validate(self._req("POST", "/v1/weights", json=self.weights_body(
+            path, lora, version), timeout=timeout))
+
 
 class AsyncRolloutClient(_Base):
     def __init__(self, base_url: str = "http://127.0.0.1:8000", api_key: str | None = None, timeout: float = 30.0,
@@ -248,6 +262,11 @@ class AsyncRolloutClient(_Base):
     async def iter_results(self, batch_id: str) -> AsyncIterator[Trajectory]:
         async for ev in self.events(batch_id):
             yield await self.trajectory(ev.trajectory_id)
+
+    async def update_weights(self, path: str | None = None, lora: tuple[str, str] | None = None,
+                             version: int | None = None, timeout: float = 600.0) -> WeightUpdateResult:
+        return WeightUpdateResult.model_validate(await self._req("POST", "/v1/weights", json=self.weights_body(
+            path, lora, version), timeout=timeout))
 
     async def wait(self, batch_id: str, poll_s: float = 0.5, timeout: float | None = None) -> BatchStatus:
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -1,58 +1,77 @@
-"""The engines a worker can use: discovered from Redis (or given), picked by a routing
-policy, with in-flight token accounting and failover to another engine on error."""
+"""The engines a worker can use: discovered from the registry (or given), picked by a
+routing policy, health-probed, with in-flight token accounting and failover.
+
+An engine that fails a request or a health probe leaves rotation at once and returns when
+a probe succeeds; if no healthy engine is left, failed ones are tried anyway (a flaky
+engine beats none). A turn that fails on one engine is retried on another.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 
 from rollout_service.engines.base import Engine, EngineError, GenerateRequest, GenerateResult
 from rollout_service.engines.vllm import VLLMEngine
-from rollout_service.protocol import EngineInfo
 from rollout_service.tokens import Tokenizer, load_tokenizer
+from scheduler.registry import Registry
 from scheduler.router import NoEngine, RoutingPolicy, StickyLeastLoaded
 
 
 class Fleet:
     def __init__(self, engines: dict[str, tuple[Engine, str]] | None = None,
                  policy: RoutingPolicy | None = None, attempts: int = 3,
-                 discover: Callable | None = None, refresh_s: float = 2.0):
-        """`engines`: id -> (engine, tokenizer spec). `discover`: async () -> list[EngineInfo]."""
+                 registry: Registry | None = None, refresh_s: float = 2.0):
+        """`engines`: id -> (engine, tokenizer spec), fixed; or `registry` to discover them."""
         self._engines: dict[str, tuple[Engine, str]] = dict(engines or {})
         self.policy = policy or StickyLeastLoaded()
         self.attempts = attempts
-        self._discover = discover
+        self._registry = registry
         self._refresh_s = refresh_s
         self._refreshed = 0.0
         self._load: dict[str, int] = {e: 0 for e in self._engines}
-        self._down: dict[str, float] = {}  # engine id -> until (monotonic)
+        self._down: set[str] = set()
+
+    @property
+    def engine_ids(self) -> list[str]:
+        return sorted(self._engines)
+
+    @property
+    def down(self) -> frozenset[str]:
+        return frozenset(self._down)
 
     async def refresh(self, force: bool = False) -> None:
-        if self._discover is None or (not force and time.monotonic() - self._refreshed < self._refresh_s):
+        if self._registry is None or (not force and time.monotonic() - self._refreshed < self._refresh_s):
             return
-        infos: list[EngineInfo] = await self._discover()
+        infos = await self._registry.engines()
         self._refreshed = time.monotonic()
-        seen = set()
         for info in infos:
-            seen.add(info.id)
             cur = self._engines.get(info.id)
-            if cur is None or getattr(cur[0], "url", None) != info.url.rstrip("/"):
+            if cur is None or not isinstance(cur[0], VLLMEngine) or (cur[0].url, cur[0].model, cur[1]) != (
+                    info.url.rstrip("/"), info.model, info.tokenizer):
+                if cur is not None:
+                    await cur[0].aclose()
                 self._engines[info.id] = (VLLMEngine(info.id, info.url, info.model, info.policy_version),
                                           info.tokenizer)
                 self._load.setdefault(info.id, 0)
-            else:
-                cur[0].policy_version = info.policy_version
-        for gone in set(self._engines) - seen:
+            self._engines[info.id][0].policy_version = info.policy_version
+        for gone in set(self._engines) - {i.id for i in infos}:
             eng, _ = self._engines.pop(gone)
+            self._down.discard(gone)
             await eng.aclose()
 
+    async def probe(self) -> None:
+        """Health-check every engine; a failing one leaves rotation until it answers again."""
+        await self.refresh(force=True)
+        ids = list(self._engines)
+        ok = await asyncio.gather(*(self._engines[e][0].health() for e in ids), return_exceptions=True)
+        for eid, healthy in zip(ids, ok):
+            (self._down.discard if healthy is True else self._down.add)(eid)
+
     def _available(self, tokenizer: str | None) -> dict[str, int]:
-        """Loads of the engines that can serve; ones that just failed only if nothing else can."""
-        now = time.monotonic()
         able = {e: self._load.get(e, 0) for e, (_, tok) in self._engines.items()
                 if tokenizer is None or tok == tokenizer}
-        healthy = {e: n for e, n in able.items() if self._down.get(e, 0) <= now}
+        healthy = {e: n for e, n in able.items() if e not in self._down}
         return healthy or able
 
     async def tokenizer_for(self, trajectory_id: str) -> tuple[str, Tokenizer]:
@@ -70,25 +89,29 @@ class Fleet:
         last: Exception | None = None
         for _ in range(self.attempts):
             await self.refresh()
-            loads = self._available(tokenizer)
-            if not loads:
-                await self.refresh(force=True)
-                loads = self._available(tokenizer)
             try:
-                eid = self.policy.pick(trajectory_id, loads)
+                eid = self.policy.pick(trajectory_id, self._available(tokenizer))
             except NoEngine as e:
                 raise EngineError(f"no engine available for tokenizer {tokenizer!r}") from (last or e)
             engine, _ = self._engines[eid]
             cost = len(req.prompt_ids) + req.sampling.max_tokens
             self._load[eid] = self._load.get(eid, 0) + cost
             try:
-                return await engine.generate(req)
+                res = await engine.generate(req)
             except EngineError as e:
                 last = e
-                self._down[eid] = time.monotonic() + 5.0  # out of rotation briefly
+                self._down.add(eid)
                 self.policy.forget(trajectory_id)
+                continue
             finally:
                 self._load[eid] -= cost
+            if self._registry is not None:
+                # Label the turn with the version serving when it finished: a weight update
+                # pauses engines mid-request and resumes them on the new weights.
+                info = await self._registry.engine(eid)
+                if info is not None and info.policy_version != res.policy_version:
+                    engine.policy_version = res.policy_version = info.policy_version
+            return res
         raise EngineError(f"turn failed on {self.attempts} engine attempts: {last}")
 
     def forget(self, trajectory_id: str) -> None:

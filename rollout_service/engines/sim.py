@@ -103,5 +103,8 @@ class SimEngine:
             self._running -= 1
         return GenerateResult(ids, logprobs, finish, self.policy_version, self.id, prefill, decode)
 
+    async def health(self) -> bool:
+        return True
+
     async def aclose(self) -> None:
         return None

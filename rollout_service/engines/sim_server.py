@@ -1,12 +1,17 @@
 """Serves a `SimEngine` over the slice of vLLM's OpenAI-compatible API that we use
 (`POST /v1/completions` with token-id prompts, `return_token_ids`, logprobs; `/health`;
-`/metrics`), so `rollout up` without a GPU exercises the same HTTP path as a real vLLM."""
+`/metrics`, and the admin routes of a weight update: `/pause`, `/resume`,
+`/collective_rpc` reload_weights, `/v1/load_lora_adapter`, `/reset_prefix_cache`), so
+`rollout up` without a GPU exercises the same HTTP path as a real vLLM. New "weights"
+reseed the simulated policy, so outputs change after an update as they would for real."""
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import uuid
 
-from fastapi import FastAPI
+from fastapi import FastAPI, HTTPException
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, Field
 
@@ -34,6 +39,37 @@ class CompletionRequest(BaseModel):
 def create_app(engine: SimEngine, model: str = "sim") -> FastAPI:
     app = FastAPI(title="simulated engine (vLLM-compatible subset)")
     stats = {"requests": 0, "generation_tokens": 0, "prompt_tokens": 0}
+    running = asyncio.Event()
+    running.set()
+
+    def reseed(source: str) -> None:
+        engine.seed = int.from_bytes(hashlib.sha256(source.encode()).digest()[:4], "little")
+
+    @app.post("/pause")
+    async def pause(mode: str = "keep") -> dict:
+        running.clear()
+        return {}
+
+    @app.post("/resume")
+    async def resume() -> dict:
+        running.set()
+        return {}
+
+    @app.post("/collective_rpc")
+    async def collective_rpc(body: dict) -> dict:
+        if body.get("method") != "reload_weights":
+            raise HTTPException(400, f"unsupported method {body.get('method')!r}")
+        reseed(str(body.get("kwargs", {}).get("weights_path")))
+        return {"results": [None]}
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora(body: dict) -> str:
+        reseed(f"lora:{body.get('lora_name')}:{body.get('lora_path')}")
+        return "ok"
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> dict:
+        return {}
 
     @app.get("/health")
     async def health() -> dict:
@@ -48,6 +84,7 @@ def create_app(engine: SimEngine, model: str = "sim") -> FastAPI:
         sampling = SamplingParams(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
                                   max_tokens=min(body.max_tokens, 32_768), seed=body.seed)
         rid = body.request_id or uuid.uuid4().hex
+        await running.wait()  # paused for a weight update: requests wait, as vLLM's mode=keep
         res = await engine.generate(GenerateRequest(body.prompt, sampling, rid))
         stats["requests"] += 1
         stats["generation_tokens"] += len(res.output_ids)

@@ -1,7 +1,9 @@
 """Adapter for vLLM's OpenAI-compatible server (and anything serving the same shape).
 
 We send token ids as the prompt of `POST /v1/completions` with `return_token_ids` and
-`logprobs`, and keep the sampled ids and their logprobs exactly as returned.
+`logprobs`, and keep the sampled ids and their logprobs exactly as returned. The engine
+echoes the prompt ids it actually used; if they differ from what we sent, the turn fails
+(a silent drift would corrupt the training sample).
 """
 
 from __future__ import annotations
@@ -62,9 +64,19 @@ class VLLMEngine:
             raise EngineError(f"engine {self.id} gave a malformed completion: {e!r}") from e
         if len(lps) != len(ids):
             raise EngineError(f"engine {self.id} returned {len(ids)} ids but {len(lps)} logprobs")
+        seen = choice.get("prompt_token_ids")
+        if seen is not None and list(seen) != req.prompt_ids:
+            raise EngineError(f"engine {self.id} saw a different prompt than sent ({len(seen)} vs "
+                              f"{len(req.prompt_ids)} ids)")
         elapsed = time.perf_counter() - t0
         # The HTTP API does not split prefill from decode; attribute all to decode.
         return GenerateResult(ids, lps, choice.get("finish_reason") or "stop", version, self.id, 0.0, elapsed)
+
+    async def health(self) -> bool:
+        try:
+            return (await self._client.get(f"{self.url}/health", timeout=2.0)).status_code == 200
+        except httpx.HTTPError:
+            return False
 
     async def aclose(self) -> None:
         if self._owns_client:

@@ -169,8 +169,12 @@ def serve_command(
     max_model_len: int = 4096,
     kv_cache_gib: int = 1,
     cpus: str | None = None,
+    chunked_prefill: bool = False,
 ) -> tuple[list[str], dict[str, str]]:
-    """argv and the environment variables to add, for a vLLM server on 127.0.0.1:port."""
+    """argv and the environment variables to add, for a vLLM server on 127.0.0.1:port.
+
+    `chunked_prefill=True` is only safe for requests without a `seed`: on CPU a seeded
+    request whose prefill gets split kills the engine (see docs/vllm_notes.md)."""
     argv = [
         str(venv_python()), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model_dir),
@@ -189,11 +193,20 @@ def serve_command(
         # parameter the service does not send must mean vLLM's neutral default.
         "--generation-config", "vllm",
         "--seed", "0",
-        *extra_args,
     ]
+    if not chunked_prefill:
+        # A seeded request's prefill split over two steps makes vLLM rewind its torch
+        # Generator (set_offset), which CPU generators do not support: EngineDeadError for
+        # every request in flight. Unsplit prefills need a budget of one whole prompt.
+        argv += [
+            "--no-enable-chunked-prefill",
+            "--max-num-batched-tokens", str(max(max_model_len, 2048)),
+        ]
+    argv += extra_args
     env = {
-        # One process: the engine core in a child costs a second start-up and 2 cores
-        # cannot use the overlap anyway.
+        # Only vLLM's in-process engine (the `LLM` class) reads this; the API server still
+        # runs its engine core as a child ("VLLM::EngineCore"), which is why the server
+        # gets its own process group and `stop_server` signals the whole group.
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "VLLM_CPU_OMP_THREADS_BIND": cpus or _affinity_ranges(),
         "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),

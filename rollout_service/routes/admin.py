@@ -2,8 +2,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from rollout_service.errors import NotFound
-from rollout_service.protocol import EngineInfo, ErrorResponse, WorkerInfo
+from rollout_service.errors import ApiError, NotFound
+from rollout_service.protocol import EngineInfo, ErrorResponse, WeightUpdate, WeightUpdateResult, WorkerInfo
+from rollout_service.weights import WeightUpdater
 
 router = APIRouter(prefix="/v1", tags=["fleet"], responses={404: {"model": ErrorResponse}})
 
@@ -31,3 +32,20 @@ async def deregister_engine(request: Request, engine_id: str) -> dict:
 async def workers(request: Request) -> list[WorkerInfo]:
     """Live env workers (those heartbeating)."""
     return await request.app.state.registry.workers()
+
+
+@router.post("/weights", response_model=WeightUpdateResult, responses={502: {"model": ErrorResponse}})
+async def update_weights(request: Request, body: WeightUpdate) -> WeightUpdateResult:
+    """Pause every engine, load the new weights (full or LoRA), clear the prefix cache,
+    bump the policy version, resume. 502 if any engine failed (details per engine)."""
+    updater = WeightUpdater(request.app.state.registry)
+    try:
+        result = await updater.update(body)
+    except KeyError as e:
+        raise NotFound(f"unknown engines: {e.args[0]}") from None
+    finally:
+        await updater.aclose()
+    if not all(r.ok for r in result.results):
+        raise ApiError("some engines failed the weight update", result.model_dump(), status=502,
+                       code="weight_update_failed")
+    return result
