@@ -89,6 +89,10 @@ class RolloutRequest(_Wire):
     idempotency_key: str | None = Field(None, min_length=1, max_length=200)
     model: str | None = Field(None, max_length=200, description="Served model name; None means any engine.")
     metadata: dict[str, str] = Field(default_factory=dict, max_length=32)
+    context: Literal["append", "rerender"] = Field(
+        "append", description="append: each prompt extends the last (one training sample). rerender: each prompt is "
+                              "the chat template applied to the whole conversation; where that rewrites an earlier "
+                              "prefix, the trajectory splits into another training sample.")
 
     @property
     def num_trajectories(self) -> int:
@@ -129,6 +133,15 @@ class Turn(_Wire):
     engine_id: str
     timings: TurnTimings = Field(default_factory=TurnTimings)
     reward: float = 0.0
+    segment: int = Field(0, description="Training sample this turn belongs to (see RolloutRequest.context).")
+
+
+class Sample(_Wire):
+    """Tokens for the loss: exactly what the engine saw and sampled, 1 in the mask where sampled."""
+
+    token_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
 
 
 class Failure(_Wire):
@@ -157,18 +170,34 @@ class Trajectory(_Wire):
     info: dict[str, Any] = Field(default_factory=dict)
 
     # Flat training views. Computed, not stored: turns are the one source of truth.
+    def samples(self) -> list["Sample"]:
+        """One training sample per segment (a single one unless a template rewrote a prefix)."""
+        out: dict[int, Sample] = {}
+        for turn in self.turns:
+            s = out.setdefault(turn.segment, Sample(token_ids=[], loss_mask=[], logprobs=[]))
+            s.token_ids += [*turn.prompt_ids, *turn.output_ids]
+            s.loss_mask += [0] * len(turn.prompt_ids) + [1] * len(turn.output_ids)
+            s.logprobs += [0.0] * len(turn.prompt_ids) + list(turn.output_logprobs)
+        return [out[k] for k in sorted(out)]
+
+    def _single(self) -> "Sample":
+        samples = self.samples()
+        if len(samples) > 1:
+            raise ValueError(f"trajectory {self.id} has {len(samples)} training samples; use .samples()")
+        return samples[0] if samples else Sample(token_ids=[], loss_mask=[], logprobs=[])
+
     @property
     def token_ids(self) -> list[int]:
-        return [t for turn in self.turns for t in (*turn.prompt_ids, *turn.output_ids)]
+        return self._single().token_ids
 
     @property
     def loss_mask(self) -> list[int]:
-        return [m for turn in self.turns for m in (*([0] * len(turn.prompt_ids)), *([1] * len(turn.output_ids)))]
+        return self._single().loss_mask
 
     @property
     def logprobs(self) -> list[float]:
         """Per-token logprobs aligned with `token_ids`; 0.0 where the loss mask is 0."""
-        return [lp for turn in self.turns for lp in (*([0.0] * len(turn.prompt_ids)), *turn.output_logprobs)]
+        return self._single().logprobs
 
     @property
     def policy_versions(self) -> list[int]:

@@ -71,6 +71,7 @@ async def _loop(traj: Trajectory, work: Work, fleet: Fleet, envs: EnvBackend, at
         traj.messages = list(opening)
         context: list[int] = []
         delta = chat.prompt(opening)
+        segment = 0
         for index in range(p.max_turns):
             room = p.max_total_tokens - len(context) - len(delta)
             if room <= 0:
@@ -85,6 +86,7 @@ async def _loop(traj: Trajectory, work: Work, fleet: Fleet, envs: EnvBackend, at
             t_gen = time.monotonic() - t_send
             turn = Turn(index=index, prompt_ids=delta, output_ids=res.output_ids, output_logprobs=res.logprobs,
                         finish_reason=res.finish_reason, policy_version=res.policy_version, engine_id=res.engine_id,
+                        segment=segment,
                         timings=TurnTimings(prefill_s=res.prefill_s, decode_s=res.decode_s,
                                             queue_s=max(t_gen - res.prefill_s - res.decode_s, 0.0)))
             traj.turns.append(turn)
@@ -103,7 +105,14 @@ async def _loop(traj: Trajectory, work: Work, fleet: Fleet, envs: EnvBackend, at
                 if step.truncated:
                     traj.info["truncated_by"] = "env"
                 return
-            delta = chat.continuation(res.output_ids, step.observation)
+            if p.context == "append":
+                delta = chat.continuation(res.output_ids, step.observation)
+                continue
+            full = chat.prompt(traj.messages)
+            if full[: len(context)] == context:
+                delta = full[len(context):]
+            else:  # the template rewrote an earlier prefix: start a new training sample
+                segment, context, delta = segment + 1, [], full
         traj.state = TrajectoryState.truncated
         traj.info["truncated_by"] = "max_turns"
     finally:

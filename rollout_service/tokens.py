@@ -90,10 +90,22 @@ class HFTokenizer:
         return list(out["input_ids"] if isinstance(out, dict) else out)
 
 
-@lru_cache(maxsize=16)
+_NAMED: dict[str, Tokenizer] = {"byte": ByteTokenizer()}
+
+
+def register_tokenizer(name: str, tokenizer: Tokenizer) -> None:
+    """Make `tokenizer` available under `name` (an engine's `tokenizer` field)."""
+    _NAMED[name] = tokenizer
+
+
 def load_tokenizer(spec: str) -> Tokenizer:
-    """'byte' for the built-in tokenizer, otherwise a local tokenizer folder."""
-    return ByteTokenizer() if spec == "byte" else HFTokenizer(spec)
+    """A registered name ('byte' is built in), otherwise a local tokenizer folder."""
+    return _NAMED.get(spec) or _load_folder(spec)
+
+
+@lru_cache(maxsize=16)
+def _load_folder(path: str) -> Tokenizer:
+    return HFTokenizer(path)
 
 
 class TemplateDriftError(ValueError):

@@ -109,3 +109,46 @@ async def test_sim_engine_is_deterministic_given_a_seed(seed):
     a = await run_episode(work(sampling=SamplingParams(seed=seed)), fleet(SimEngine(seed=3)), LocalEnvs())
     b = await run_episode(work(sampling=SamplingParams(seed=seed)), fleet(SimEngine(seed=3)), LocalEnvs())
     assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
+
+
+class ThinkStripping(ByteTokenizer):
+    """A template that, like some reasoning models', drops earlier turns' <think> blocks."""
+
+    def render(self, messages, add_generation_prompt):
+        import re
+
+        from rollout_service.protocol import Message
+
+        last_asst = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=-1)
+        kept = [Message(role=m.role, content=re.sub(r"<think>.*?</think>", "", m.content, flags=re.S))
+                if m.role == "assistant" and i < last_asst + (0 if add_generation_prompt else 1) else m
+                for i, m in enumerate(messages)]
+        return super().render(kept, add_generation_prompt)
+
+
+class Recording(SimEngine):
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.prompts: list[list[int]] = []
+
+    async def generate(self, req):
+        self.prompts.append(list(req.prompt_ids))
+        return await super().generate(req)
+
+
+@pytest.mark.parametrize("mode,segments", [("append", 1), ("rerender", 2)])
+async def test_each_sample_is_exactly_what_the_engine_saw(mode, segments):
+    from rollout_service.tokens import register_tokenizer
+
+    register_tokenizer("think-strip", ThinkStripping())
+    eng = Recording(policy=scripted("<think>hmm</think>calc: 2 + 2"))
+    traj = await run_episode(work(max_turns=3, context=mode), Fleet({eng.id: (eng, "think-strip")}), LocalEnvs())
+    assert len(traj.turns) == 3 and len(traj.samples()) == segments
+    # every engine call's prompt is a prefix of its sample; the sample ends with what was sampled
+    for turn, prompt in zip(traj.turns, eng.prompts):
+        sample = traj.samples()[turn.segment].token_ids
+        assert sample[: len(prompt)] == prompt
+        assert sample[len(prompt): len(prompt) + len(turn.output_ids)] == turn.output_ids
+    if segments > 1:
+        with pytest.raises(ValueError, match="samples"):
+            traj.token_ids
