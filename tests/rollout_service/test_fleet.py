@@ -1,0 +1,90 @@
+"""Engine fleet with real engine processes: a killed engine leaves rotation within seconds
+and its turns are retried on another engine, not lost."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from env_workers.client import LocalEnvs
+from rollout_service.engines.fleet import Fleet
+from rollout_service.protocol import EngineInfo, RolloutRequest
+from rollout_service.rollout import run_episode
+from scheduler.registry import Registry
+from scheduler.router import StickyLeastLoaded
+from scheduler.store import Work
+from tests.conftest import free_port
+
+
+def start_sim(time_scale: float) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "rollout_service.cli", "sim-engine", "--port", str(port),
+                             "--time-scale", str(time_scale)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.1)
+
+
+@pytest.fixture
+def two_engines():
+    procs = [start_sim(time_scale=3.0) for _ in range(2)]
+    yield procs
+    for p, _ in procs:
+        p.kill()
+        p.wait()
+
+
+async def test_killed_engine_leaves_rotation_and_turns_move(two_engines, redis, keys):
+    reg = Registry(redis, keys)
+    for i, (_, url) in enumerate(two_engines):
+        await reg.add_engine(EngineInfo(id=f"e{i}", url=url))
+    fleet = Fleet(registry=reg, refresh_s=0)
+    params = RolloutRequest(tasks=[{}], env="calc", max_turns=4)
+    works = [Work(f"t-{i}", "t", i, 0, {"seed": i}, params) for i in range(8)]
+    episodes = [asyncio.create_task(run_episode(w, fleet, LocalEnvs())) for w in works]
+    await asyncio.sleep(0.3)  # trajectories are spread over both engines, mid-turn
+    two_engines[0][0].kill()
+    t_kill = time.monotonic()
+    await fleet.probe()
+    assert fleet.down == {"e0"} and time.monotonic() - t_kill < 5
+    trajs = await asyncio.gather(*episodes)
+    assert all(t.failure is None for t in trajs), [t.failure for t in trajs if t.failure]
+    engines_used = {turn.engine_id for t in trajs for turn in t.turns}
+    assert "e1" in engines_used
+    late = [turn.engine_id for t in trajs for turn in t.turns[-1:]]
+    assert all(e == "e1" for e in late)  # after the kill, everything finished on the survivor
+    await fleet.aclose()
+
+
+async def test_deregistered_engine_is_dropped_and_new_one_used(two_engines, redis, keys):
+    reg = Registry(redis, keys)
+    await reg.add_engine(EngineInfo(id="a", url=two_engines[0][1]))
+    fleet = Fleet(registry=reg, refresh_s=0)
+    await fleet.refresh(force=True)
+    assert fleet.engine_ids == ["a"]
+    await reg.add_engine(EngineInfo(id="b", url=two_engines[1][1]))
+    await reg.remove_engine("a")
+    await fleet.refresh(force=True)
+    assert fleet.engine_ids == ["b"]
+    await fleet.aclose()
+
+
+def test_sticky_then_least_loaded():
+    r = StickyLeastLoaded()
+    assert r.pick("t1", {"a": 10, "b": 0}) == "b"
+    assert r.pick("t1", {"a": 0, "b": 99}) == "b"  # sticky: its prefix is cached there
+    assert r.pick("t2", {"a": 5, "b": 99}) == "a"  # new trajectory: fewest in-flight tokens
+    r.forget("t1")
+    assert r.pick("t1", {"a": 1, "b": 2}) == "a"
+    assert r.pick("t3", {"b": 1}) == "b"  # a vanished engine is never picked
