@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from rollout_service import __version__, errors
+from rollout_service.auth import ApiKeys, Principal
 from rollout_service.config import Settings
 from rollout_service.metrics import Metrics
 from rollout_service.routes import admin, batches, health
@@ -36,6 +37,9 @@ def create_app(settings: Settings | None = None, redis: aioredis.Redis | None = 
         app.state.store = Store(r, keys)
         app.state.registry = Registry(r, keys)
         app.state.metrics = Metrics()
+        app.state.api_keys = ApiKeys(r, keys)
+        if settings.admin_key:
+            await app.state.api_keys.add(settings.admin_key, Principal("admin", admin=True))
         yield
         if redis is None:
             await r.aclose()

@@ -205,7 +205,7 @@ def _register_engine(redis_url: str, prefix: str, eid: str, url: str, model: str
 def _client(args):
     from trainer_client import RolloutClient
 
-    return RolloutClient(_url(args))
+    return RolloutClient(_url(args), api_key=args.api_key or os.environ.get("ROLLOUT_API_KEY"))
 
 
 def _read_tasks(path: Path) -> list[dict]:
@@ -321,6 +321,13 @@ def cmd_weights(args) -> None:
         console.print(f"policy version {res.version}")
 
 
+def cmd_keys(args) -> None:
+    with _client(args) as c:
+        got = c._req("POST", "/v1/keys", json={"tenant": args.tenant, "admin": args.admin})
+        console.print(f"key for tenant {got['tenant']}{' (admin)' if got['admin'] else ''}, shown once:")
+        print(got["key"])
+
+
 def cmd_workers(args) -> None:
     with _client(args) as c:
         table = Table("id", "url", "envs")
@@ -336,6 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
     def client_cmd(name: str, help: str, fn):
         sp = sub.add_parser(name, help=help, description=help)
         sp.add_argument("--url", help="gateway URL (default: $ROLLOUT_URL or http://127.0.0.1:8000)")
+        sp.add_argument("--api-key", help="API key when the gateway has auth on (default: $ROLLOUT_API_KEY)")
         sp.set_defaults(fn=fn)
         return sp
 
@@ -422,6 +430,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--tokenizer", default="byte", help="'byte' or a local tokenizer folder (add)")
 
     client_cmd("workers", "list live env workers", cmd_workers)
+
+    sp = client_cmd("keys", "create an API key for a tenant (needs an admin key)", cmd_keys)
+    sp.add_argument("tenant", help="tenant name: its batches are visible only to its keys")
+    sp.add_argument("--admin", action="store_true", help="an admin key (engines, workers, weights, keys)")
     return p
 
 

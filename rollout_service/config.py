@@ -17,6 +17,8 @@ class Settings:
     worker_concurrency: int = 32  # trajectories in flight per worker process
     max_request_bytes: int = 32 * 1024 * 1024
     sse_block_ms: int = 1000
+    auth: bool = False  # on by itself when admin_key is set
+    admin_key: str = ""  # bootstrap admin key, registered (hashed) at gateway start
 
     @classmethod
     def from_env(cls, **overrides) -> "Settings":
@@ -24,6 +26,11 @@ class Settings:
         for f in fields(cls):
             raw = os.environ.get(f"ROLLOUT_{f.name.upper()}")
             if raw is not None:
-                values[f.name] = type(f.default)(raw)
+                kind = type(f.default)
+                values[f.name] = raw.strip().lower() in ("1", "true", "yes", "on") if kind is bool else kind(raw)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
+
+    @property
+    def auth_enabled(self) -> bool:
+        return self.auth or bool(self.admin_key)

@@ -224,6 +224,7 @@ class BatchStatus(_Wire):
     created_at: float
     finished_at: float | None = None
     metadata: dict[str, str] = Field(default_factory=dict)
+    tenant: str = "default"
 
     @property
     def done(self) -> int:
@@ -257,6 +258,17 @@ class WorkerInfo(_Wire):
     id: str = Field(min_length=1, max_length=128)
     url: str = Field(min_length=1, max_length=512)
     envs: list[str]
+
+
+class ApiKeyCreate(_Wire):
+    tenant: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    admin: bool = False
+
+
+class ApiKeyCreated(_Wire):
+    key: str = Field(description="Shown once; only its hash is stored.")
+    tenant: str
+    admin: bool
 
 
 class ErrorBody(_Wire):

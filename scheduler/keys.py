@@ -13,6 +13,8 @@
     {p}workers                    hash   env worker id -> WorkerInfo json
     {p}worker:{id}:alive          string present while the env worker heartbeats (TTL)
     {p}stats                      hash   counters: finished:{state}, failure:{kind}
+    {p}tenant:{t}:batches         zset   a tenant's batch ids -> created at
+    {p}apikey:{sha256}            string Principal json for an API key (only its hash is stored)
 
 The prefix lets several deployments (or tests) share one Redis. The Lua scripts in
 `scheduler.queue` build the same names from the prefix (a script may only touch keys it can
@@ -72,3 +74,9 @@ class Keys:
     @property
     def stats(self) -> str:
         return f"{self.prefix}stats"
+
+    def tenant_batches(self, tenant: str) -> str:
+        return f"{self.prefix}tenant:{tenant}:batches"
+
+    def apikey(self, key_hash: str) -> str:
+        return f"{self.prefix}apikey:{key_hash}"

@@ -65,7 +65,7 @@ end
 """
 
 _ENQUEUE = """
--- ARGV: prefix, idem_key ('' for none), bid, params json, now, total, then tid, group, sample, task...
+-- ARGV: prefix, idem_key ('' for none), bid, params json, now, total, tenant, then tid, group, sample, task...
 local p = ARGV[1]
 if ARGV[2] ~= '' then
   local existing = redis.call('GET', p .. 'idem:' .. ARGV[2])
@@ -75,9 +75,10 @@ end
 local bid = ARGV[3]
 local bkey = p .. 'batch:' .. bid
 redis.call('HSET', bkey, 'state', 'queued', 'params', ARGV[4], 'created_at', ARGV[5], 'total', ARGV[6],
-           'n_done', 0, 'n:queued', ARGV[6])
+           'n_done', 0, 'n:queued', ARGV[6], 'tenant', ARGV[7])
 redis.call('ZADD', p .. 'batches', ARGV[5], bid)
-for i = 7, #ARGV, 4 do
+redis.call('ZADD', p .. 'tenant:' .. ARGV[7] .. ':batches', ARGV[5], bid)
+for i = 8, #ARGV, 4 do
   local tid = ARGV[i]
   redis.call('HSET', p .. 'traj:' .. tid, 'state', 'queued', 'batch', bid, 'group', ARGV[i + 1],
              'sample', ARGV[i + 2], 'task', ARGV[i + 3], 'attempts', 0)
@@ -197,7 +198,7 @@ class Queue:
         bid = uuid.uuid4().hex[:16]
         params = req.model_dump_json(exclude={"tasks"})
         args: list[str | int | float] = [self.k.prefix, f"{tenant}:{req.idempotency_key}" if req.idempotency_key else "",
-                                         bid, params, time.time(), req.num_trajectories]
+                                         bid, params, time.time(), req.num_trajectories, tenant]
         for g, task in enumerate(req.tasks):
             task_json = json.dumps(task)
             for s in range(req.group_size):

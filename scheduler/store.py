@@ -52,11 +52,16 @@ class Store:
             id=bid, state=BatchState(h["state"]), env=params["env"], num_trajectories=int(h["total"]),
             counts=counts, created_at=float(h["created_at"]),
             finished_at=float(h["finished_at"]) if h.get("finished_at") else None,
-            metadata=params.get("metadata", {}),
+            metadata=params.get("metadata", {}), tenant=h.get("tenant", "default"),
         )
 
-    async def list_batches(self, limit: int = 50) -> list[str]:
-        return [_s(b) for b in await self.r.zrevrange(self.k.batches, 0, limit - 1)]
+    async def list_batches(self, limit: int = 50, tenant: str | None = None) -> list[str]:
+        """Newest first; only `tenant`'s when given."""
+        key = self.k.batches if tenant is None else self.k.tenant_batches(tenant)
+        return [_s(b) for b in await self.r.zrevrange(key, 0, limit - 1)]
+
+    async def batch_tenant(self, bid: str) -> str | None:
+        return _s(await self.r.hget(self.k.batch(bid), "tenant"))
 
     async def trajectory(self, tid: str) -> Trajectory | None:
         h = {_s(k): _s(v) for k, v in (await self.r.hgetall(self.k.traj(tid))).items()}

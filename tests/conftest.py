@@ -90,8 +90,9 @@ def gateway(settings):
 class RunningWorker:
     """A rollout worker (simulated engine, in-process envs) on its own thread and loop."""
 
-    def __init__(self, settings: Settings, engines=None, concurrency: int = 8):
-        self.settings, self.engines, self.concurrency = settings, engines, concurrency
+    def __init__(self, settings: Settings, engines=None, concurrency: int = 8, discover: bool = False):
+        """`engines`: id -> (engine, tokenizer spec); `discover`: use the registry instead."""
+        self.settings, self.engines, self.concurrency, self.discover = settings, engines, concurrency, discover
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.stop: asyncio.Event | None = None
@@ -114,8 +115,11 @@ class RunningWorker:
         s = self.settings
         r = aioredis.from_url(s.redis_url)
         keys = Keys(s.key_prefix)
-        engines = self.engines or {"sim-0": (SimEngine("sim-0", seed=1), "byte")}
-        self.worker = Worker(Queue(r, keys, s.lease_s, s.max_attempts), Store(r, keys), Fleet(engines),
+        from scheduler.registry import Registry
+
+        fleet = Fleet(registry=Registry(r, keys)) if self.discover else \
+            Fleet(self.engines or {"sim-0": (SimEngine("sim-0", seed=1), "byte")})
+        self.worker = Worker(Queue(r, keys, s.lease_s, s.max_attempts), Store(r, keys), fleet,
                              LocalEnvs(), concurrency=self.concurrency, poll_s=0.01)
         self.loop, self.stop = asyncio.get_running_loop(), asyncio.Event()
         try:

@@ -55,7 +55,7 @@ CONVERSION_DEPS = ("accelerate",)
 _VENV_RECIPE = " ".join(
     ["1", TORCH_SPEC, VLLM_SPEC, "-" + ",".join(UNWANTED), *MODEL_SOURCES, *CONVERSION_DEPS]
 )
-_MODEL_RECIPE = "2"
+_MODEL_RECIPE = "3"
 _MARKER = ".rollout-ready"
 
 CHATML_TEMPLATE = (
@@ -107,6 +107,17 @@ def default_log_path(port: int) -> Path:
     return cache_dir() / "logs" / f"vllm-{port}.log"
 
 
+def is_prepared(name: str = "smollm2") -> bool:
+    """Whether `prepare_model(name)` has completed here (venv and model), building nothing."""
+    folder = model_dir(name)  # first, so that an unknown name raises
+    venv = cache_dir() / "vllm-venv"
+    return (
+        _marker_ok(venv, _VENV_RECIPE)
+        and venv_python().exists()
+        and _marker_ok(folder, _MODEL_RECIPE)
+    )
+
+
 def ensure_venv(progress: Progress = print) -> Path:
     """The venv's python, after building the venv if its marker is missing or stale."""
     venv = cache_dir() / "vllm-venv"
@@ -138,11 +149,12 @@ def ensure_venv(progress: Progress = print) -> Path:
 
 
 def prepare_model(name: str = "smollm2", progress: Progress = print) -> Path:
-    """A bf16 Hugging Face model folder for `name` ("smollm2" or "tiny"), built once."""
+    """A bf16 Hugging Face model folder for `name` ("smollm2" or "tiny"), built once.
+    Also ensures the venv, so that a prepared model can always be served."""
     out = model_dir(name)
+    py = ensure_venv(progress)
     if _marker_ok(out, _MODEL_RECIPE):
         return out
-    py = ensure_venv(progress)
     with _locked(cache_dir() / f".model-{name}.lock"):
         if _marker_ok(out, _MODEL_RECIPE):
             return out
@@ -339,7 +351,8 @@ def _run(argv: Sequence[str], progress: Progress, env: dict[str, str] | None = N
             tail.append(line)
             progress(line)
     if p.returncode != 0:
-        raise RuntimeError(f"command failed ({p.returncode}): {' '.join(argv)}\n" + "\n".join(tail))
+        cmd = " ".join(argv)
+        raise RuntimeError(f"command failed ({p.returncode}): {cmd}\n" + "\n".join(tail))
 
 
 def _tail(path: Path | None, lines: int = 40) -> str:
@@ -361,7 +374,7 @@ def _affinity_ranges() -> str:
         if c is not None and c == prev + 1:
             prev = c
             continue
-        ranges.append(f"{start}-{prev}" if prev != start else f"{start}-{start}")
+        ranges.append(f"{start}-{prev}")
         if c is not None:
             start = prev = c
     return ",".join(ranges)
@@ -416,8 +429,6 @@ def _build_smollm2(out: Path) -> None:
     )
     model.save_pretrained(out)
     tok.save_pretrained(out)
-    _portable_tokenizer_config(out)
-    _check_folder(out)
 
 
 def _build_tiny(out: Path) -> None:
@@ -489,7 +500,13 @@ def _build_tiny(out: Path) -> None:
           f"vocab {cfg.vocab_size}", flush=True)
     model.save_pretrained(out)
     tok.save_pretrained(out)
+
+
+def _finish_folder(out: Path) -> None:
     _portable_tokenizer_config(out)
+    for f in out.iterdir():
+        # safetensors writes 0600; the folder is shared by whoever serves or reads it.
+        f.chmod(0o644)
     _check_folder(out)
 
 
@@ -500,6 +517,9 @@ def _portable_tokenizer_config(out: Path) -> None:
     path = out / "tokenizer_config.json"
     cfg = json.loads(path.read_text())
     cfg["tokenizer_class"] = "PreTrainedTokenizerFast"  # 5.x still maps this name
+    # Load-time flags that save_pretrained echoes back (they follow HF_HUB_OFFLINE).
+    for key in ("local_files_only", "is_local"):
+        cfg.pop(key, None)
     extra = cfg.pop("extra_special_tokens", None)
     if isinstance(extra, list) and extra:
         cfg["additional_special_tokens"] = extra
@@ -516,20 +536,35 @@ def _check_folder(out: Path) -> None:
     tok = AutoTokenizer.from_pretrained(out)
     msgs = [{"role": "user", "content": "Hi!"}]
     # transformers 5 returns a BatchEncoding from tokenize=True unless return_dict=False.
-    ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
+    ids = tok.apply_chat_template(
+        msgs, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     text = tok.decode(ids)
     if "<|im_start|>assistant\n" not in text or tok.eos_token != "<|im_end|>":
         raise SystemExit(f"bad chat template or eos: {text!r}, eos={tok.eos_token!r}")
-    for f in out.iterdir():
-        # safetensors writes 0600; the folder is shared by whoever serves it.
-        f.chmod(0o644)
     print(f"saved {out}: chat prompt {len(ids)} tokens: {text!r}", flush=True)
 
 
 # ----------------------------------------------------------------------------- CLI
 
 
+def _raise_interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["_build"]:
+        # Internal, run by prepare_model in the venv's python; kept out of --help.
+        bp = argparse.ArgumentParser(prog="vllm_local.py _build")
+        bp.add_argument("model", choices=sorted(MODELS))
+        bp.add_argument("out", type=Path)
+        args = bp.parse_args(argv[1:])
+        args.out.mkdir(parents=True, exist_ok=True)
+        {"smollm2": _build_smollm2, "tiny": _build_tiny}[args.model](args.out)
+        _finish_folder(args.out)
+        return 0
+
     ap = argparse.ArgumentParser(
         prog="python -m rollout_service.engines.vllm_local",
         description="Build the local vLLM CPU venv and models, or serve one.",
@@ -542,15 +577,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--served-name", default=None, help="default: the model's short name")
     s.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for /health")
-    b = sub.add_parser("_build", help=argparse.SUPPRESS)  # internal: runs in the venv
-    b.add_argument("model", choices=sorted(MODELS))
-    b.add_argument("out", type=Path)
     args = ap.parse_args(argv)
-
-    if args.cmd == "_build":
-        args.out.mkdir(parents=True, exist_ok=True)
-        {"smollm2": _build_smollm2, "tiny": _build_tiny}[args.model](args.out)
-        return 0
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -564,8 +591,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     log = default_log_path(args.port)
     proc = start_server(folder, args.port, served, log_path=log)
     url = f"http://127.0.0.1:{args.port}"
-    # Ctrl-C and SIGTERM both end the server's whole process group.
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
+    signal.signal(signal.SIGTERM, _raise_interrupt)  # so SIGTERM also reaches `finally`
     try:
         took = wait_ready(url, args.timeout, proc, log)
         print(f"serving {served} at {url}/v1 (ready in {took:.1f} s; log {log})", flush=True)

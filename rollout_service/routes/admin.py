@@ -1,12 +1,30 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 
 from rollout_service.errors import ApiError, NotFound
-from rollout_service.protocol import EngineInfo, ErrorResponse, WeightUpdate, WeightUpdateResult, WorkerInfo
+from rollout_service.protocol import (
+    ApiKeyCreate,
+    ApiKeyCreated,
+    EngineInfo,
+    ErrorResponse,
+    WeightUpdate,
+    WeightUpdateResult,
+    WorkerInfo,
+)
+from rollout_service.routes.deps import admin
 from rollout_service.weights import WeightUpdater
 
-router = APIRouter(prefix="/v1", tags=["fleet"], responses={404: {"model": ErrorResponse}})
+router = APIRouter(prefix="/v1", tags=["admin"], dependencies=[Depends(admin)],
+                   responses={401: {"model": ErrorResponse}, 403: {"model": ErrorResponse},
+                              404: {"model": ErrorResponse}})
+
+
+@router.post("/keys", response_model=ApiKeyCreated, status_code=201)
+async def create_key(request: Request, body: ApiKeyCreate) -> ApiKeyCreated:
+    """Create an API key for a tenant. The key is shown once; only its hash is kept."""
+    key = await request.app.state.api_keys.create(body.tenant, body.admin)
+    return ApiKeyCreated(key=key, tenant=body.tenant, admin=body.admin)
 
 
 @router.get("/engines", response_model=list[EngineInfo])

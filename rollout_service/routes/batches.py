@@ -3,10 +3,12 @@ from __future__ import annotations
 import asyncio
 import json
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
 
+from rollout_service.auth import Principal
 from rollout_service.errors import NotFound
+from rollout_service.routes.deps import owned_batch, principal
 from rollout_service.protocol import (
     BatchCreated,
     BatchStatus,
@@ -21,57 +23,55 @@ router = APIRouter(prefix="/v1", tags=["batches"], responses={404: {"model": Err
                                                                 422: {"model": ErrorResponse}})
 
 
-async def _status(request: Request, bid: str) -> BatchStatus:
-    status = await request.app.state.store.batch_status(bid)
-    if status is None:
-        raise NotFound(f"no batch {bid!r}")
-    return status
+Caller = Depends(principal)
 
 
 @router.post("/batches", response_model=BatchCreated, status_code=202)
-async def submit(request: Request, body: RolloutRequest) -> BatchCreated:
+async def submit(request: Request, body: RolloutRequest, who: Principal = Caller) -> BatchCreated:
     """Queue a batch and return at once. The same `idempotency_key` returns the same batch."""
-    created = await request.app.state.queue.enqueue(body)
+    created = await request.app.state.queue.enqueue(body, tenant=who.tenant)
     if created.created:
         request.app.state.metrics.batches.inc()
     return created
 
 
 @router.get("/batches", response_model=list[BatchStatus])
-async def list_batches(request: Request, limit: int = Query(20, ge=1, le=200)) -> list[BatchStatus]:
+async def list_batches(request: Request, limit: int = Query(20, ge=1, le=200),
+                       who: Principal = Caller) -> list[BatchStatus]:
     store = request.app.state.store
-    out = [await store.batch_status(b) for b in await store.list_batches(limit)]
+    out = [await store.batch_status(b) for b in await store.list_batches(limit, None if who.admin else who.tenant)]
     return [s for s in out if s is not None]
 
 
 @router.get("/batches/{bid}", response_model=BatchStatus)
-async def status(request: Request, bid: str) -> BatchStatus:
-    return await _status(request, bid)
+async def status(request: Request, bid: str, who: Principal = Caller) -> BatchStatus:
+    return await owned_batch(request, bid, who)
 
 
 @router.get("/batches/{bid}/trajectories", response_model=TrajectoryPage)
 async def trajectories(request: Request, bid: str, cursor: int = Query(0, ge=0), limit: int = Query(50, ge=1, le=500),
-                       state: TrajectoryState | None = None) -> TrajectoryPage:
+                       state: TrajectoryState | None = None, who: Principal = Caller) -> TrajectoryPage:
     """A page of the batch's trajectories in submission order; pass `next_cursor` back."""
-    await _status(request, bid)
+    await owned_batch(request, bid, who)
     items, nxt = await request.app.state.store.trajectories(bid, cursor, limit, state)
     return TrajectoryPage(items=items, next_cursor=nxt)
 
 
 @router.get("/trajectories/{tid}", response_model=Trajectory)
-async def trajectory(request: Request, tid: str) -> Trajectory:
+async def trajectory(request: Request, tid: str, who: Principal = Caller) -> Trajectory:
     traj = await request.app.state.store.trajectory(tid)
-    if traj is None:
+    if traj is None or (not who.admin and await request.app.state.store.batch_tenant(traj.batch_id) != who.tenant):
         raise NotFound(f"no trajectory {tid!r}")
     return traj
 
 
 @router.get("/batches/{bid}/events", response_class=StreamingResponse,
             responses={200: {"content": {"text/event-stream": {}}}})
-async def events(request: Request, bid: str, last_event_id: str | None = Query(None, alias="after")) -> StreamingResponse:
+async def events(request: Request, bid: str, last_event_id: str | None = Query(None, alias="after"),
+                 who: Principal = Caller) -> StreamingResponse:
     """Server-sent events: one `trajectory` event per finished trajectory, then `done`.
     Resumable: reconnect with the `Last-Event-ID` header (or `?after=`)."""
-    await _status(request, bid)
+    await owned_batch(request, bid, who)
     store, block = request.app.state.store, request.app.state.settings.sse_block_ms
     after = request.headers.get("last-event-id") or last_event_id or "0"
 
@@ -96,9 +96,8 @@ async def events(request: Request, bid: str, last_event_id: str | None = Query(N
 
 
 @router.delete("/batches/{bid}", response_model=BatchStatus)
-async def cancel(request: Request, bid: str) -> BatchStatus:
+async def cancel(request: Request, bid: str, who: Principal = Caller) -> BatchStatus:
     """Cancel: queued trajectories end now, running ones within a heartbeat."""
-    got = await request.app.state.queue.cancel(bid)
-    if got is None:
-        raise NotFound(f"no batch {bid!r}")
-    return await _status(request, bid)
+    await owned_batch(request, bid, who)
+    await request.app.state.queue.cancel(bid)
+    return await owned_batch(request, bid, who)

@@ -47,7 +47,7 @@ def stop_up(proc: subprocess.Popen) -> None:
 
 
 def test_up_with_embedded_redis_answers_a_multi_turn_batch(tmp_path):
-    proc, url = start_up(tmp_path, {}, "--sim-time-scale", "0.1")
+    proc, url = start_up(tmp_path, {}, "--engine", "sim", "--sim-time-scale", "0.1")
     try:
         with RolloutClient(url) as c:
             batch = c.submit([{"seed": s} for s in range(3)], env="calc", group_size=4,
@@ -67,7 +67,7 @@ def test_up_with_embedded_redis_answers_a_multi_turn_batch(tmp_path):
 
 def test_up_with_external_redis_and_cli_submit(tmp_path, prefix):
     proc, url = start_up(tmp_path, {"ROLLOUT_REDIS_URL": REDIS_URL, "ROLLOUT_KEY_PREFIX": prefix},
-                         "--sim-time-scale", "0")
+                         "--engine", "sim", "--sim-time-scale", "0")
     try:
         out = subprocess.run([sys.executable, "-m", "rollout_service.cli", "submit", "examples/math.jsonl",
                               "--group-size", "4", "--wait", "--url", url], capture_output=True, text=True, timeout=120)
