@@ -591,7 +591,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     log = default_log_path(args.port)
     proc = start_server(folder, args.port, served, log_path=log)
     url = f"http://127.0.0.1:{args.port}"
-    signal.signal(signal.SIGTERM, _raise_interrupt)  # so SIGTERM also reaches `finally`
+    # Both signals must reach `finally`: SIGTERM by default would skip it, and SIGINT is
+    # ignored outright when a non-interactive shell starts us in the background.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGINT, _raise_interrupt)
     try:
         took = wait_ready(url, args.timeout, proc, log)
         print(f"serving {served} at {url}/v1 (ready in {took:.1f} s; log {log})", flush=True)
