@@ -1,0 +1,318 @@
+"""Short-horizon forecast of prefill and decode demand, learned from lifecycle transitions.
+
+The forecaster is a lifecycle `Observer`: from every transition it learns, per environment,
+the response length by turn and the chance an episode ends after a turn's step, and per
+(environment, tool) the tool-latency distribution and the observation length. From the live
+trajectories it then forecasts what the engines will be asked for in the next `horizon_s`:
+
+- backlog (known): prompt deltas already waiting (queued / prefilling) and the rest of the
+  responses being decoded;
+- arrivals (forecast): each trajectory in a tool call returns within the horizon with
+  probability P(L ≤ e+H | L > e) (empirical, e = time already spent in the tool), continues
+  with probability 1 − P(end | turn), and then brings an observation to prefill and a
+  response to decode.
+
+It records its own error: every forecast's arrivals are compared with what actually arrived
+in that window (WAPE, Σ|forecast − actual| / Σ actual), for prefill tokens and for decode
+tokens (the response tokens of turns that arrived in the window), and every response length
+with its prediction. New submissions are not forecast (the trainer decides them); they count
+as backlog once submitted.
+
+Non-goals: choosing roles (`scheduler.allocator`), per-request length prediction from text.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from scheduler.lifecycle import Change, Phase, Track
+
+TURN_BUCKETS = 16  # turns past this share one bucket: late turns are few and alike
+
+
+@dataclass(slots=True)
+class Mean:
+    """A running mean, capped in weight so it keeps following a drifting source."""
+
+    n: float = 0.0
+    value: float = 0.0
+    cap: float = 500.0
+
+    def add(self, x: float) -> None:
+        self.n = min(self.n + 1.0, self.cap)
+        self.value += (x - self.value) / self.n
+
+    def get(self, prior: float) -> float:
+        return self.value if self.n else prior
+
+
+@dataclass(slots=True)
+class Latency:
+    """Recent tool latencies, kept sorted for conditional return probabilities."""
+
+    maxlen: int = 512
+    recent: deque = field(default_factory=deque)
+    ordered: list = field(default_factory=list)
+    total: float = 0.0
+
+    def add(self, x: float) -> None:
+        self.recent.append(x)
+        self.total += x
+        bisect.insort(self.ordered, x)
+        if len(self.recent) > self.maxlen:
+            old = self.recent.popleft()
+            self.total -= old
+            self.ordered.pop(bisect.bisect_left(self.ordered, old))
+
+    def mean(self, prior: float) -> float:
+        return self.total / len(self.recent) if self.recent else prior
+
+    def returns_within(self, elapsed: float, horizon: float, prior_mean: float) -> float:
+        """P(L ≤ elapsed + horizon | L > elapsed)."""
+        xs = self.ordered
+        if not xs:
+            return 1.0 - math.exp(-horizon / prior_mean)
+        above = len(xs) - bisect.bisect_right(xs, elapsed)
+        if above == 0:  # longer than anything seen: assume a memoryless tail at the mean
+            return 1.0 - math.exp(-horizon / max(self.total / len(xs), 1e-3))
+        return (bisect.bisect_right(xs, elapsed + horizon) - (len(xs) - above)) / above
+
+
+@dataclass(slots=True)
+class ToolStats:
+    latency: Latency = field(default_factory=Latency)
+    observation: Mean = field(default_factory=Mean)
+
+
+@dataclass(slots=True)
+class EnvStats:
+    response: list = field(default_factory=lambda: [Mean() for _ in range(TURN_BUCKETS)])
+    ended: list = field(default_factory=lambda: [0.0] * TURN_BUCKETS)
+    stepped: list = field(default_factory=lambda: [0.0] * TURN_BUCKETS)
+    tools: dict = field(default_factory=dict)  # tool name -> ToolStats
+    period: Mean = field(default_factory=Mean)  # turn arrival to next turn arrival, seconds
+
+
+@dataclass(slots=True)
+class Prior:
+    """What to assume before anything is learned. Deliberately vague."""
+
+    response_tokens: float = 512.0
+    observation_tokens: float = 512.0
+    tool_latency_s: float = 2.0
+    end_prob: float = 0.3
+    decode_tok_s: float = 50.0  # one sequence's decode speed
+
+
+@dataclass(slots=True)
+class Demand:
+    """Work the engines will be asked for within `horizon_s` (tokens), and its shape."""
+
+    horizon_s: float
+    prefill_tokens: float  # backlog + arrivals
+    decode_tokens: float  # backlog + arrivals
+    decode_seqs: float  # expected sequences wanting decode at once
+    mean_context: float  # tokens per live sequence
+    prefill_arrivals: float = 0.0  # the forecast part, scored later
+    decode_arrivals: float = 0.0
+    turns: float = 0.0  # turns expected to reach the engines (waiting + arriving)
+    live: int = 0
+    mean_response: float = 0.0  # tokens per response (a prefill engine never saw the last one)
+
+
+@dataclass(slots=True)
+class ForecastError:
+    prefill_wape: float  # Σ|forecast − actual| / Σ actual over resolved windows
+    decode_wape: float
+    prefill_bias: float  # Σ(forecast − actual) / Σ actual: > 0 over-forecasts
+    decode_bias: float
+    windows: int
+    response_mape: float  # per-response |predicted − actual| / actual, token-weighted
+    responses: int
+
+
+class Forecaster:
+    """`observe` lifecycle changes; `forecast(live, now)`; `error(now)`.
+
+        fc = Forecaster(horizon_s=10)
+        lifecycle = Lifecycle(observers=[fc])
+        demand = fc.forecast(lifecycle.live(), now)
+    """
+
+    def __init__(self, horizon_s: float = 10.0, prior: Prior | None = None, max_records: int = 200_000,
+                 decode_lag_s: float = 120.0, learn: bool = True):
+        self.horizon_s = horizon_s
+        self.learn = learn  # False: keep the statistics fixed (still scores itself)
+        self.prior = prior or Prior()
+        self.decode_lag_s = decode_lag_s  # a window's decode tokens are known once its turns finish
+        self._envs: dict[str, EnvStats] = {}
+        self._speed = Mean()
+        self._forecasts: deque = deque(maxlen=max_records)  # (t, horizon, prefill, decode)
+        self._prefill_actual: deque = deque(maxlen=max_records)  # (arrival t, tokens)
+        self._decode_actual: deque = deque(maxlen=max_records)  # (arrival t, response tokens)
+        self._open_turn: dict[str, float] = {}  # tid -> arrival time of its tool-return turn
+        self._arrived: dict[str, float] = {}  # tid -> arrival time of its current turn
+        self._resp_abs = self._resp_total = 0.0
+        self._resp_n = 0
+
+    # --- learning ----------------------------------------------------------------------
+    def _env(self, env: str) -> EnvStats:
+        s = self._envs.get(env)
+        if s is None:
+            s = self._envs[env] = EnvStats()
+        return s
+
+    def _tool(self, env: str, tool: str | None) -> ToolStats:
+        tools = self._env(env).tools
+        key = tool or ""
+        ts = tools.get(key)
+        if ts is None:
+            ts = tools[key] = ToolStats()
+        return ts
+
+    def observe(self, ch: Change) -> None:
+        t = ch.track
+        s = self._env(t.env)
+        learn = self.learn
+        if ch.new is Phase.prefilling and ch.old is Phase.tool:
+            if learn:
+                s.stepped[min(t.turn - 1, TURN_BUCKETS - 1)] += 1
+                ts = self._tool(t.env, t.tool)
+                ts.latency.add(ch.now - ch.old_since)
+                ts.observation.add(ch.tokens)
+                last = self._arrived.get(t.id)
+                if last is not None:
+                    s.period.add(ch.now - last)
+            self._prefill_actual.append((ch.now, ch.tokens))
+            self._open_turn[t.id] = ch.now
+        if ch.new is Phase.prefilling:
+            self._arrived[t.id] = ch.now
+        elif ch.new is Phase.tool or (ch.new is Phase.done and ch.old in (Phase.decoding, Phase.prefilling)):
+            self._learn_response(t, s, ch)
+        if ch.new is Phase.done:
+            if learn and ch.old in (Phase.tool, Phase.decoding):
+                b = min(t.turn, TURN_BUCKETS - 1)
+                s.stepped[b] += 1
+                s.ended[b] += 1
+            self._open_turn.pop(t.id, None)
+            self._arrived.pop(t.id, None)
+
+    def _learn_response(self, t: Track, s: EnvStats, ch: Change) -> None:
+        m = s.response[min(t.turn, TURN_BUCKETS - 1)]
+        predicted = m.get(self.prior.response_tokens)
+        self._resp_abs += abs(predicted - ch.tokens)
+        self._resp_total += ch.tokens
+        self._resp_n += 1
+        if self.learn:
+            m.add(ch.tokens)
+            if ch.old is Phase.decoding and ch.now > ch.old_since:
+                self._speed.add(ch.tokens / (ch.now - ch.old_since))
+        arrived = self._open_turn.pop(t.id, None)
+        if arrived is not None:
+            self._decode_actual.append((arrived, ch.tokens))
+
+    # --- the statistics, as the forecast uses them ---------------------------------------
+    def response_tokens(self, env: str, turn: int) -> float:
+        return self._env(env).response[min(turn, TURN_BUCKETS - 1)].get(self.prior.response_tokens)
+
+    def end_prob(self, env: str, turn: int) -> float:
+        s = self._env(env)
+        b = min(turn, TURN_BUCKETS - 1)
+        # One pseudo-observation of the prior keeps an unseen turn from reading as certain.
+        return (s.ended[b] + self.prior.end_prob) / (s.stepped[b] + 1.0)
+
+    def period(self, env: str) -> float:
+        """Seconds from one turn's arrival to the next one's, in this environment."""
+        prior = self.prior.tool_latency_s + self.prior.response_tokens / self.prior.decode_tok_s
+        return max(self._env(env).period.get(prior), 1e-3)
+
+    def observation_tokens(self, env: str, tool: str | None) -> float:
+        return self._tool(env, tool).observation.get(self.prior.observation_tokens)
+
+    # --- forecasting -------------------------------------------------------------------
+    def forecast(self, live: Iterable[Track], now: float, horizon_s: float | None = None) -> Demand:
+        h = self.horizon_s if horizon_s is None else horizon_s
+        speed = self._speed.get(self.prior.decode_tok_s)
+        p_back = d_back = p_arr = d_arr = seqs = ctx = turns = resp = 0.0
+        n = 0
+        for t in live:
+            n += 1
+            ctx += t.context_tokens
+            ts = self._tool(t.env, t.tool)
+            if t.phase is Phase.tool:
+                elapsed = now - t.since
+                p = ts.latency.returns_within(elapsed, h, self.prior.tool_latency_s)
+                first = max(ts.latency.mean(self.prior.tool_latency_s) - elapsed, 0.0)
+                seqs += p
+            else:
+                m = self.response_tokens(t.env, t.turn)
+                left = m if t.phase is not Phase.decoding else max(m - (now - t.since) * speed, 0.25 * m)
+                if t.phase is Phase.decoding:
+                    d_back += left
+                else:
+                    p_back += t.pending_prefill
+                    d_back += m
+                    turns += 1
+                seqs += 1
+                busy = left / speed  # until the response is out and the step starts
+                if busy >= h:
+                    continue
+                p = ts.latency.returns_within(0.0, h - busy, self.prior.tool_latency_s)
+                first = busy + ts.latency.mean(self.prior.tool_latency_s)
+            # The next turns that arrive within the horizon, each weighted by the chance the
+            # episode is still going; later turns one learned turn period apart.
+            turn, at, period = t.turn, first, self.period(t.env)
+            weight = p * (1.0 - self.end_prob(t.env, turn))
+            while weight > 0.01:
+                turn += 1
+                turns += weight
+                p_arr += weight * ts.observation.get(self.prior.observation_tokens)
+                d_arr += weight * self.response_tokens(t.env, turn)
+                at += period
+                if at >= h:
+                    break
+                weight *= 1.0 - self.end_prob(t.env, turn)
+            resp += t.last_response
+        d = Demand(h, p_back + p_arr, d_back + d_arr, seqs, ctx / n if n else 0.0, p_arr, d_arr, turns, n,
+                   resp / n if n else 0.0)
+        self._forecasts.append((now, h, p_arr, d_arr))
+        return d
+
+    # --- scoring -----------------------------------------------------------------------
+    def error(self, now: float, final: bool = False) -> ForecastError:
+        """Score every forecast whose window has closed (`final`: all of them)."""
+        p_times, p_cum = _cumulative(self._prefill_actual)
+        d_times, d_cum = _cumulative(sorted(self._decode_actual))
+        pe = pa = pb = de = da = db = 0.0
+        windows = 0
+        for t, h, fp, fd in self._forecasts:
+            if not final and t + h > now:
+                continue
+            ap = _window(p_times, p_cum, t, t + h)
+            pe, pa, pb = pe + abs(fp - ap), pa + ap, pb + fp - ap
+            windows += 1
+            if final or t + h + self.decode_lag_s <= now:
+                ad = _window(d_times, d_cum, t, t + h)
+                de, da, db = de + abs(fd - ad), da + ad, db + fd - ad
+        nan = float("nan")
+        return ForecastError(pe / pa if pa else nan, de / da if da else nan, pb / pa if pa else nan,
+                             db / da if da else nan, windows,
+                             self._resp_abs / self._resp_total if self._resp_total else nan, self._resp_n)
+
+
+def _cumulative(pairs: Iterable[tuple[float, float]]) -> tuple[list[float], list[float]]:
+    times, cum, total = [], [0.0], 0.0
+    for t, x in pairs:
+        times.append(t)
+        total += x
+        cum.append(total)
+    return times, cum
+
+
+def _window(times: list[float], cum: list[float], lo: float, hi: float) -> float:
+    """Sum of values with lo < time ≤ hi (a forecast made at `lo` cannot see arrivals at `lo`)."""
+    return cum[bisect.bisect_right(times, hi)] - cum[bisect.bisect_right(times, lo)]

@@ -1,0 +1,96 @@
+"""The forecaster on synthetic episodes whose statistics are known exactly."""
+
+from __future__ import annotations
+
+import heapq
+import random
+
+from scheduler.forecast import Forecaster, Latency, Prior
+from scheduler.lifecycle import Lifecycle
+
+END_P = 0.25  # an episode ends after each step with this probability
+TOOL_MEAN = 2.0  # exponential tool latency, seconds
+DECODE_TOK_S = 50.0
+
+
+def response(turn: int, rng: random.Random) -> int:
+    return int((100 + 50 * min(turn, 6)) * rng.uniform(0.8, 1.2))
+
+
+def run(fc: Forecaster, n: int = 600, seed: int = 1, forecast_every: float = 1.0, horizon: float = 3.0):
+    """A closed population: `n` episodes start over the first 20 s; forecasts every second."""
+    rng = random.Random(seed)
+    lc = Lifecycle(observers=[fc])
+    heap, seq = [], 0
+
+    def at(t, kind, tid):
+        nonlocal seq
+        seq += 1
+        heapq.heappush(heap, (t, seq, kind, tid))
+
+    for i in range(n):
+        at(rng.uniform(0, 20), "submit", f"t{i}")
+    at(0.0, "forecast", "")
+    while heap:
+        now, _, kind, tid = heapq.heappop(heap)
+        if kind == "forecast":
+            if len(lc) or now < 20:
+                fc.forecast(lc.live(), now, horizon)
+                at(now + forecast_every, "forecast", "")
+        elif kind == "submit":
+            lc.on_submit(tid, "e", 200, now)
+            lc.on_prefill(tid, 200, now)
+            lc.on_decode(tid, now)
+            at(now + response(0, rng) / DECODE_TOK_S, "decoded", tid)
+        elif kind == "decoded":
+            t = lc.get(tid)
+            lc.on_tool(tid, response(t.turn, rng), now, tool="py")
+            at(now + rng.expovariate(1 / TOOL_MEAN), "stepped", tid)
+        elif kind == "stepped":
+            t = lc.get(tid)
+            if rng.random() < END_P:
+                lc.on_done(tid, now)
+                continue
+            lc.on_prefill(tid, rng.randint(200, 400), now)
+            lc.on_decode(tid, now)
+            at(now + response(t.turn, rng) / DECODE_TOK_S, "decoded", tid)
+    return now
+
+
+def test_learns_the_statistics():
+    fc = Forecaster()
+    run(fc)
+    for turn in range(5):
+        want = 100 + 50 * turn
+        assert abs(fc.response_tokens("e", turn) - want) < 0.06 * want, turn
+    assert abs(fc.end_prob("e", 1) - END_P) < 0.05
+    assert abs(fc.observation_tokens("e", "py") - 300) < 15
+    assert abs(fc._tool("e", "py").latency.mean(0) - TOOL_MEAN) < 0.25
+    assert abs(fc._speed.get(0) - DECODE_TOK_S) < 1.0
+
+
+def test_forecast_error_is_small_once_learned_and_large_on_a_bad_prior():
+    good = Forecaster()
+    end = run(good)
+    err = good.error(end, final=True)
+    assert err.windows > 50
+    assert err.prefill_wape < 0.25 and abs(err.prefill_bias) < 0.15, err
+    assert err.decode_wape < 0.30 and abs(err.decode_bias) < 0.15, err
+    # The same process forecast by a frozen forecaster holding a wrong prior: the error shows it.
+    frozen = Forecaster(prior=Prior(response_tokens=2000, observation_tokens=40, tool_latency_s=60, end_prob=0.9),
+                        learn=False)
+    end = run(frozen)
+    bad = frozen.error(end, final=True)
+    assert bad.prefill_wape > 2 * err.prefill_wape
+
+
+def test_conditional_return_probability():
+    lat = Latency()
+    for x in range(1, 11):  # latencies 1..10 s
+        lat.add(float(x))
+    assert lat.returns_within(0.0, 5.0, 1.0) == 0.5
+    assert abs(lat.returns_within(5.0, 2.0, 1.0) - 2 / 5) < 1e-9  # of 6..10, 6 and 7 return by 7 s
+    assert 0 < lat.returns_within(20.0, 5.0, 1.0) < 1  # past every sample: a memoryless tail
+    for _ in range(600):  # bounded: old samples leave
+        lat.add(100.0)
+    assert len(lat.ordered) == lat.maxlen and lat.returns_within(0.0, 50.0, 1.0) == 0.0
