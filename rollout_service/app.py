@@ -18,6 +18,7 @@ from rollout_service import __version__, errors
 from rollout_service.auth import ApiKeys, Principal
 from rollout_service.config import Settings
 from rollout_service.metrics import Metrics
+from rollout_service.protocol import ErrorResponse
 from rollout_service.routes import admin, batches, health
 from scheduler.keys import Keys
 from scheduler.queue import Queue
@@ -44,7 +45,10 @@ def create_app(settings: Settings | None = None, redis: aioredis.Redis | None = 
         if redis is None:
             await r.aclose()
 
-    app = FastAPI(title="rollout-service", version=__version__, lifespan=lifespan,
+    common = {code: {"model": ErrorResponse, "description": why} for code, why in (
+        (400, "Malformed request body"), (401, "Missing or invalid API key"), (413, "Request body too large"),
+        (422, "Request failed validation"))}
+    app = FastAPI(title="rollout-service", version=__version__, lifespan=lifespan, responses=common,
                   description="Rollout-as-a-service for RL training of multi-turn LLM agents.")
     errors.install(app)
 

@@ -53,6 +53,17 @@ def body(code: str, message: str, details: Any = None) -> dict:
     return {"error": {"code": code, "message": message, "details": details}}
 
 
+def _allowed_methods(app, path: str) -> list[str]:
+    """Every method any route serves at `path` (Starlette names only the first route's)."""
+    want = path.rstrip("/").split("/")
+    methods: set[str] = set()
+    for template, ops in app.openapi()["paths"].items():
+        have = template.rstrip("/").split("/")
+        if len(have) == len(want) and all(h == w or (h.startswith("{") and w) for h, w in zip(have, want)):
+            methods |= {m.upper() for m in ops}
+    return sorted(methods)
+
+
 def install(app) -> None:  # app: fastapi.FastAPI (kept untyped: this module must not need fastapi)
     from fastapi.encoders import jsonable_encoder
     from fastapi.exceptions import RequestValidationError
@@ -71,9 +82,12 @@ def install(app) -> None:  # app: fastapi.FastAPI (kept untyped: this module mus
                             status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_req, exc: StarletteHTTPException):
+    async def _http(req, exc: StarletteHTTPException):
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return JSONResponse(body(code, str(exc.detail)), status_code=exc.status_code)
+        headers = dict(getattr(exc, "headers", None) or {})
+        if exc.status_code == 405:
+            headers["Allow"] = ", ".join(_allowed_methods(req.app, req.url.path))
+        return JSONResponse(body(code, str(exc.detail)), status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(_req, exc: Exception):

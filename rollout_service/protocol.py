@@ -15,7 +15,10 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from typing import Annotated
+
+import httpx
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 # Bounds on what one request may ask for (invariant: nothing unbounded).
 MAX_TRAJECTORIES_PER_BATCH = 10_000
@@ -24,8 +27,24 @@ MAX_TURNS = 256
 MAX_TOKENS_PER_TURN = 32_768
 
 
+def _integral(v: Any) -> Any:
+    # JSON Schema's "integer" includes 3.0; strict mode alone would refuse it.
+    return int(v) if isinstance(v, float) and v.is_integer() and abs(v) < 2**63 else v
+
+
+Int = Annotated[int, BeforeValidator(_integral)]
+Seed = Annotated[int, Field(ge=0, le=2**32 - 1), BeforeValidator(_integral)]
+Version = Annotated[int, Field(ge=0), BeforeValidator(_integral)]
+
+
 class _Wire(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class _Input(_Wire):
+    """What callers send: strict, so `"1"`, `1.0` or `0` never pass for an int or a bool."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class TrajectoryState(str, Enum):
@@ -67,25 +86,26 @@ class FailureKind(str, Enum):
         return self is not FailureKind.cancelled
 
 
-class SamplingParams(_Wire):
+class SamplingParams(_Input):
     temperature: float = Field(1.0, ge=0.0, le=10.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(-1, ge=-1)
-    max_tokens: int = Field(256, ge=1, le=MAX_TOKENS_PER_TURN)
-    seed: int | None = None
+    top_k: Int = Field(-1, ge=-1)
+    max_tokens: Int = Field(256, ge=1, le=MAX_TOKENS_PER_TURN)
+    seed: Seed | None = None
     stop: list[str] = Field(default_factory=list, max_length=16)
 
 
-class RolloutRequest(_Wire):
+class RolloutRequest(_Input):
     """A batch: every task is rolled out `group_size` times (one GRPO group per task)."""
 
     tasks: list[dict[str, Any]] = Field(min_length=1)
     env: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
-    group_size: int = Field(1, ge=1, le=MAX_GROUP_SIZE)
+    group_size: Int = Field(1, ge=1, le=MAX_GROUP_SIZE)
     sampling: SamplingParams = Field(default_factory=SamplingParams)
-    max_turns: int = Field(8, ge=1, le=MAX_TURNS)
-    max_total_tokens: int = Field(8192, ge=16, le=1_000_000, description="Prompt + sampled tokens per trajectory.")
-    deadline_s: float | None = Field(None, gt=0, le=86_400, description="Active-time limit per trajectory.")
+    max_turns: Int = Field(8, ge=1, le=MAX_TURNS)
+    max_total_tokens: Int = Field(8192, ge=16, le=1_000_000, description="Prompt + sampled tokens per trajectory.")
+    deadline_s: Annotated[float, Field(gt=0, le=86_400)] | None = Field(
+        None, description="Active-time limit per trajectory (generation and tool time, not time queued).")
     idempotency_key: str | None = Field(None, min_length=1, max_length=200)
     model: str | None = Field(None, max_length=200, description="Served model name; None means any engine.")
     metadata: dict[str, str] = Field(default_factory=dict, max_length=32)
@@ -246,21 +266,32 @@ class TrajectoryEvent(_Wire):
     seq: int
 
 
-class EngineInfo(_Wire):
+class EngineInfo(_Input):
     id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")
-    url: str = Field(min_length=1, max_length=512)
+    url: str = Field(min_length=8, max_length=512, pattern=r"^https?://[A-Za-z0-9._\[\]-]+(:[0-9]{1,5})?(/[!-~]*)?$")
     model: str = Field("default", max_length=200)
-    policy_version: int = 0
+
+    @field_validator("url")
+    @classmethod
+    def _parsable(cls, v: str) -> str:
+        try:
+            host = httpx.URL(v).host
+        except (httpx.InvalidURL, ValueError) as e:
+            raise ValueError(f"not a usable URL: {e}") from None
+        if not host:
+            raise ValueError("URL needs a host")
+        return v
+    policy_version: Int = Field(0, ge=0)
     tokenizer: str = Field("byte", max_length=512, description="'byte' or a local tokenizer folder.")
 
 
-class WorkerInfo(_Wire):
+class WorkerInfo(_Input):
     id: str = Field(min_length=1, max_length=128)
     url: str = Field(min_length=1, max_length=512)
     envs: list[str]
 
 
-class ApiKeyCreate(_Wire):
+class ApiKeyCreate(_Input):
     tenant: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
     admin: bool = False
 
@@ -285,10 +316,10 @@ class ErrorResponse(_Wire):
 
 # --- env worker wire (rollout worker <-> env worker) ---
 
-class EnvOpen(_Wire):
+class EnvOpen(_Input):
     env: str = Field(min_length=1, max_length=64)
     task: dict[str, Any]
-    seed: int | None = None
+    seed: Int | None = None
 
 
 class EnvOpened(_Wire):
@@ -297,7 +328,7 @@ class EnvOpened(_Wire):
     info: dict[str, Any] = Field(default_factory=dict)
 
 
-class EnvAction(_Wire):
+class EnvAction(_Input):
     action: str = Field(max_length=1_000_000)
 
 
@@ -311,24 +342,14 @@ class EnvStepped(_Wire):
 
 # --- weights (trainer -> engines) ---
 
-class LoraAdapter(_Wire):
-    name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:-]+$")
+class WeightUpdate(_Input):
+    """Push new weights: a full checkpoint folder, or (with `lora_name`) a LoRA adapter folder."""
+
     path: str = Field(min_length=1, max_length=1024, description="Folder readable by the engines.")
-
-
-class WeightUpdate(_Wire):
-    """Push new weights: a full checkpoint folder (`path`) or a LoRA adapter (`lora`)."""
-
-    path: str | None = Field(None, min_length=1, max_length=1024)
-    lora: LoraAdapter | None = None
-    version: int | None = Field(None, ge=0, description="Default: highest current version + 1.")
+    lora_name: str | None = Field(None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:-]+$",
+                                  description="Load `path` as this LoRA adapter; requests then name it.")
+    version: Version | None = Field(None, description="Default: highest current version + 1.")
     engines: list[str] | None = Field(None, description="Default: every registered engine.")
-
-    @model_validator(mode="after")
-    def _one_source(self) -> "WeightUpdate":
-        if (self.path is None) == (self.lora is None):
-            raise ValueError("give exactly one of 'path' (full weights) or 'lora'")
-        return self
 
 
 class EngineUpdateResult(_Wire):
@@ -339,5 +360,8 @@ class EngineUpdateResult(_Wire):
 
 
 class WeightUpdateResult(_Wire):
+    """Partial failure is data: `ok` is False if any engine failed (it keeps its old version)."""
+
+    ok: bool
     version: int
     results: list[EngineUpdateResult]

@@ -84,10 +84,9 @@ class HFTokenizer:
         return self._tok.decode(list(ids), skip_special_tokens=False)
 
     def render(self, messages: Sequence[Message], add_generation_prompt: bool) -> list[int]:
-        out = self._tok.apply_chat_template(
-            [m.model_dump() for m in messages], tokenize=True, add_generation_prompt=add_generation_prompt
-        )
-        return list(out["input_ids"] if isinstance(out, dict) else out)
+        # return_dict=False: transformers 5 otherwise returns a BatchEncoding.
+        return list(self._tok.apply_chat_template([m.model_dump() for m in messages], tokenize=True,
+                                                  add_generation_prompt=add_generation_prompt, return_dict=False))
 
 
 _NAMED: dict[str, Tokenizer] = {"byte": ByteTokenizer()}

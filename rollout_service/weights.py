@@ -35,7 +35,7 @@ class WeightUpdater:
             engines = [e for e in engines if e.id in req.engines]
         version = req.version if req.version is not None else max((e.policy_version for e in engines), default=0) + 1
         results = await asyncio.gather(*(self._one(e, req, version) for e in engines))
-        return WeightUpdateResult(version=version, results=list(results))
+        return WeightUpdateResult(ok=all(r.ok for r in results), version=version, results=list(results))
 
     async def _post(self, url: str, **kw) -> None:
         r = await self._client.post(url, **kw)
@@ -48,22 +48,22 @@ class WeightUpdater:
         try:
             await self._post(f"{base}/pause", params={"mode": "keep"})
             paused = True
-            if req.path is not None:
+            if req.lora_name is None:
                 await self._post(f"{base}/collective_rpc",
                                  json={"method": "reload_weights", "kwargs": {"weights_path": req.path}})
             else:
                 await self._post(f"{base}/v1/load_lora_adapter",
-                                 json={"lora_name": req.lora.name, "lora_path": req.lora.path, "load_inplace": True})
+                                 json={"lora_name": req.lora_name, "lora_path": req.path, "load_inplace": True})
             await self._post(f"{base}/reset_prefix_cache")
-            await self.registry.set_policy_version(e.id, version, model=req.lora.name if req.lora else None)
+            await self.registry.set_policy_version(e.id, version, model=req.lora_name)
             return EngineUpdateResult(engine_id=e.id, ok=True, seconds=time.perf_counter() - t0)
-        except (httpx.HTTPError, RuntimeError, KeyError) as err:
+        except (httpx.HTTPError, httpx.InvalidURL, RuntimeError, KeyError) as err:
             return EngineUpdateResult(engine_id=e.id, ok=False, seconds=time.perf_counter() - t0, error=str(err))
         finally:
             if paused:
                 try:
                     await self._post(f"{base}/resume")
-                except (httpx.HTTPError, RuntimeError):
+                except (httpx.HTTPError, httpx.InvalidURL, RuntimeError):
                     pass  # reported through the health probe: an engine that stays paused stops answering
 
     async def aclose(self) -> None:

@@ -2,7 +2,7 @@
 
 from rollout_service.protocol import BatchCreated, BatchStatus, Trajectory, TrajectoryEvent
 from trainer_client._client import AsyncRolloutClient, RolloutClient
-from trainer_client._errors import APIError, NotFoundError, RolloutError, TransportError
+from trainer_client._errors import APIError, NotFoundError, RolloutError, TransportError, WeightUpdateError
 
 __all__ = ["APIError", "AsyncRolloutClient", "BatchCreated", "BatchStatus", "NotFoundError", "RolloutClient",
            "RolloutError", "Trajectory", "TrajectoryEvent", "TransportError"]

@@ -23,7 +23,6 @@ import httpx
 from rollout_service.protocol import (
     BatchCreated,
     BatchStatus,
-    LoraAdapter,
     RolloutRequest,
     SamplingParams,
     Trajectory,
@@ -32,7 +31,7 @@ from rollout_service.protocol import (
     WeightUpdate,
     WeightUpdateResult,
 )
-from trainer_client._errors import APIError, NotFoundError, TransportError
+from trainer_client._errors import APIError, NotFoundError, TransportError, WeightUpdateError
 
 _RECONNECT_S = (0.2, 0.5, 1.0, 2.0, 5.0)
 
@@ -51,8 +50,18 @@ class _Base:
 
     @staticmethod
     def weights_body(path: str | None, lora: tuple[str, str] | None, version: int | None) -> dict:
-        body = WeightUpdate(path=path, lora=LoraAdapter(name=lora[0], path=lora[1]) if lora else None, version=version)
+        if (path is None) == (lora is None):
+            raise ValueError("give a checkpoint path or lora=(name, path), exactly one")
+        body = WeightUpdate(path=lora[1], lora_name=lora[0], version=version) if lora else \
+            WeightUpdate(path=path, version=version)
         return body.model_dump(mode="json", exclude_none=True)
+
+    @staticmethod
+    def checked_update(result: WeightUpdateResult) -> WeightUpdateResult:
+        if not result.ok:
+            failed = ", ".join(f"{r.engine_id}: {r.error}" for r in result.results if not r.ok)
+            raise WeightUpdateError(f"weight update to version {result.version} failed on {failed}", result)
+        return result
 
     @staticmethod
     def check(r: httpx.Response) -> Any:
@@ -180,9 +189,10 @@ class RolloutClient(_Base):
 
     def update_weights(self, path: str | None = None, lora: tuple[str, str] | None = None,
                        version: int | None = None, timeout: float = 600.0) -> WeightUpdateResult:
-        """Move every engine to new weights (a full checkpoint folder, or `lora=(name, path)`)."""
-        return WeightUpdateResult.model_validate(self._req("POST", "/v1/weights", json=self.weights_body(
-            path, lora, version), timeout=timeout))
+        """Move every engine to new weights (a full checkpoint folder, or `lora=(name, path)`).
+        Raises WeightUpdateError (with `.result`) if any engine failed."""
+        return self.checked_update(WeightUpdateResult.model_validate(self._req(
+            "POST", "/v1/weights", json=self.weights_body(path, lora, version), timeout=timeout)))
 
 
 class AsyncRolloutClient(_Base):
@@ -265,8 +275,8 @@ class AsyncRolloutClient(_Base):
 
     async def update_weights(self, path: str | None = None, lora: tuple[str, str] | None = None,
                              version: int | None = None, timeout: float = 600.0) -> WeightUpdateResult:
-        return WeightUpdateResult.model_validate(await self._req("POST", "/v1/weights", json=self.weights_body(
-            path, lora, version), timeout=timeout))
+        return self.checked_update(WeightUpdateResult.model_validate(await self._req(
+            "POST", "/v1/weights", json=self.weights_body(path, lora, version), timeout=timeout)))
 
     async def wait(self, batch_id: str, poll_s: float = 0.5, timeout: float | None = None) -> BatchStatus:
         deadline = None if timeout is None else time.monotonic() + timeout

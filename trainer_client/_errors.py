@@ -3,7 +3,8 @@
     RolloutError
     ├── APIError            the gateway answered 4xx/5xx; `.status`, `.code`, `.details`
     │   └── NotFoundError   404
-    └── TransportError      the gateway could not be reached (after retries)
+    ├── TransportError      the gateway could not be reached (after retries)
+    └── WeightUpdateError   some engines failed a weight update; `.result` says which
 """
 
 from __future__ import annotations
@@ -27,3 +28,9 @@ class NotFoundError(APIError):
 
 class TransportError(RolloutError):
     pass
+
+
+class WeightUpdateError(RolloutError):
+    def __init__(self, message: str, result: Any):
+        super().__init__(message)
+        self.result = result

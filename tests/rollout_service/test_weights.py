@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import pytest
 
 from env_workers.client import LocalEnvs
 from rollout_service.engines.fleet import Fleet
@@ -15,7 +16,7 @@ from rollout_service.rollout import run_episode
 from scheduler.registry import Registry
 from scheduler.store import Work
 from tests.conftest import LiveServer
-from trainer_client import APIError, RolloutClient
+from trainer_client import RolloutClient, WeightUpdateError
 
 
 def work(i: int) -> Work:
@@ -56,19 +57,15 @@ async def test_update_reaches_every_engine_and_labels_later_turns(gateway, redis
 def test_failed_engine_is_reported_not_versioned(gateway):
     with RolloutClient(gateway.url) as c:
         c.register_engine("dead", "http://127.0.0.1:9")
-        try:
+        with pytest.raises(WeightUpdateError) as e:
             c.update_weights(path="/ckpt")
-        except APIError as e:
-            assert e.status == 502 and e.code == "weight_update_failed"
-            assert e.details["results"][0]["ok"] is False
-        else:
-            raise AssertionError("expected 502")
+        assert e.value.result.ok is False and e.value.result.results[0].engine_id == "dead"
         assert c.engines()[0]["policy_version"] == 0
 
 
 def test_weight_update_validation(gateway):
     with httpx.Client(base_url=gateway.url) as c:
-        for body in ({}, {"path": "/a", "lora": {"name": "x", "path": "/b"}}, {"path": ""}):
+        for body in ({}, {"path": "/a", "lora": {"name": "x"}}, {"path": ""}, {"path": "/a", "lora_name": "a b"}):
             r = c.post("/v1/weights", json=body)
             assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request"
         r = c.post("/v1/weights", json={"path": "/a", "engines": ["ghost"]})
