@@ -1,0 +1,197 @@
+"""One simulated GPU engine with continuous batching, advanced as a fluid between events.
+
+Between two events the engine's composition is fixed, so every decoding sequence gains one
+token per iteration of length τ (`ClusterCost.step_time`) and the head of the prefill queue
+gains k tokens per iteration (k = the chunk budget when colocated with decodes, the full
+prefill rate otherwise). Decoding progress is kept as one virtual counter V (tokens per
+sequence), so a sequence's completion is an O(log B) heap entry rather than a per-step event.
+τ grows with context as sequences decode; it is re-evaluated at least every `REFRESH_STEPS`.
+
+A decode joins only when its context fits in the KV capacity (else it waits, FIFO). The
+engine's prefix cache (`hit`/`touch`: trajectory -> tokens) decides how much of a turn must be
+prefilled here, and how much KV must be transferred in for a decode. It shares the KV
+capacity with running sequences and evicts least-recently-used prefixes of trajectories that
+are not running here (e.g. waiting on a tool), so a long tool call under memory pressure
+costs a full recompute (or a full transfer) on the next turn.
+
+Non-goals: the role (the router and allocator decide what is sent here), preemption.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict, deque
+from collections.abc import Callable
+
+from benchmarks.sim.clock import EventLoop
+from benchmarks.sim.cost import ClusterCost
+
+REFRESH_STEPS = 256  # context growth over this many steps changes τ by a few percent at most
+_EPS = 1e-6
+
+
+class SimGPU:
+    def __init__(self, id: str, cost: ClusterCost, loop: EventLoop,
+                 prefilled: Callable[["SimGPU", str], None], decoded: Callable[["SimGPU", str], None],
+                 measure: Callable[[int, float, float, float], None] | None = None):
+        self.id, self.cost, self.loop = id, cost, loop
+        self._prefilled, self._decoded, self._measure = prefilled, decoded, measure
+        self._cache: OrderedDict[str, int] = OrderedDict()  # LRU: oldest first
+        self._cache_total = 0
+        self._pf_tids: dict[str, int] = {}  # trajectories with a prefill queued here (pinned)
+        self.incoming = 0  # KV transfers on their way here
+        self._t = 0.0
+        self._v = 0.0  # tokens each running sequence has gained since the engine started
+        self._tau = 0.0
+        self._pf_rate = 0.0
+        self._heap: list[tuple[float, int, str]] = []  # (finish V, seq, trajectory)
+        self._seqs: dict[str, tuple[float, int]] = {}  # trajectory -> (V at join, context at join)
+        self._s = 0.0  # Σ(context at join − V at join): context now = _s + B·V
+        self._n = 0
+        self._prefill: deque[list] = deque()  # [trajectory, tokens left]
+        self._pf_left = 0.0
+        self._wait: deque[tuple[str, int, int]] = deque()  # (trajectory, context, tokens) awaiting KV room
+        self._wait_ctx = 0
+        self._version = 0
+        self.busy_s = 0.0
+        self.prefilled_tokens = 0
+
+    # --- what the cluster reads ---------------------------------------------------------
+    def context(self) -> float:
+        return self._s + len(self._seqs) * self._v
+
+    def load(self) -> int:
+        """In-flight tokens: prefill left, KV held, KV waiting."""
+        return int(self._pf_left + self.context() + self._wait_ctx)
+
+    def empty(self) -> bool:
+        return not self._prefill and not self._seqs and not self._wait and self.incoming == 0
+
+    def drain_s(self) -> float:
+        """Seconds to finish what the engine holds, at the current pace."""
+        pf = self._pf_left / self.cost.prefill_tokens_per_s
+        if not self._seqs:
+            return pf + (0.5 if self._wait or self.incoming else 0.0)
+        longest = max(f for f, _, _ in self._heap) - self._v
+        return pf + longest * max(self._tau, self.cost.decode_step_s)
+
+    # --- work in ----------------------------------------------------------------------
+    def add_prefill(self, tid: str, tokens: int) -> None:
+        self._advance()
+        work = tokens + self.cost.prefill_overhead_s * self.cost.prefill_tokens_per_s
+        self._prefill.append([tid, work])
+        self._pf_tids[tid] = self._pf_tids.get(tid, 0) + 1
+        self._pf_left += work
+        self.prefilled_tokens += tokens
+        self._reschedule()
+
+    def add_decode(self, tid: str, context: int, tokens: int) -> None:
+        self._advance()
+        self._wait.append((tid, context, tokens))
+        self._wait_ctx += context
+        self._admit()
+        self._reschedule()
+
+    def forget(self, tid: str) -> None:
+        self._cache_total -= self._cache.pop(tid, 0)
+
+    # --- the prefix cache -------------------------------------------------------------
+    def hit(self, tid: str) -> int:
+        """Tokens of the trajectory's context cached here (0 if evicted or never seen)."""
+        n = self._cache.get(tid, 0)
+        if n:
+            self._cache.move_to_end(tid)
+        return n
+
+    def touch(self, tid: str, tokens: int) -> None:
+        self._cache_total += tokens - self._cache.pop(tid, 0)
+        self._cache[tid] = tokens
+        cap = self.cost.kv_capacity_tokens
+        if self._cache_total <= cap:
+            return
+        floor = 0.9 * cap  # evict a little extra so the next touches need not scan again
+        victims = []
+        for old, n in self._cache.items():
+            if self._cache_total <= floor:
+                break
+            if old != tid and old not in self._seqs and old not in self._pf_tids:
+                victims.append(old)
+                self._cache_total -= n
+        for old in victims:
+            del self._cache[old]
+
+    # --- the fluid ----------------------------------------------------------------------
+    def _advance(self) -> None:
+        now = self.loop.now
+        dt = now - self._t
+        if dt > 0:
+            if self._seqs or self._prefill:
+                self.busy_s += dt
+            if self._seqs:
+                self._v += dt / self._tau
+            if self._prefill:
+                done = dt * self._pf_rate
+                self._prefill[0][1] -= done
+                self._pf_left -= done
+        self._t = now
+
+    def _admit(self) -> None:
+        cap = self.cost.kv_capacity_tokens
+        while self._wait and (not self._seqs or self.context() + self._wait[0][1] <= cap):
+            tid, ctx, n = self._wait.popleft()
+            self._wait_ctx -= ctx
+            self._n += 1
+            heapq.heappush(self._heap, (self._v + n, self._n, tid))
+            self._seqs[tid] = (self._v, ctx)
+            self._s += ctx - self._v
+
+    def _reschedule(self) -> None:
+        c = self.cost
+        b = len(self._seqs)
+        ctx = self.context()
+        if self._prefill and b:
+            k = min(c.prefill_chunk_tokens, max(self._prefill[0][1], 1.0))
+            self._tau = c.step_time(b, ctx, k)
+            self._pf_rate = k / self._tau
+        elif b:
+            self._tau = c.step_time(b, ctx)
+            k = 0.0
+        else:
+            k = 0.0
+            self._pf_rate = c.prefill_tokens_per_s
+        if b and self._measure is not None:
+            self._measure(b, ctx, k, self._tau)
+        self._version += 1
+        nxt = []
+        if b:
+            nxt.append(min(self._heap[0][0] - self._v, REFRESH_STEPS) * self._tau)
+        if self._prefill:
+            nxt.append(self._prefill[0][1] / self._pf_rate)
+        if nxt:
+            self.loop.at(self._t + max(min(nxt), 0.0), self._tick, self._version)
+
+    def _tick(self, version: int) -> None:
+        if version != self._version:
+            return  # superseded by a later change
+        self._advance()
+        decoded, prefilled = [], []
+        while self._heap and self._heap[0][0] <= self._v + _EPS:
+            _, _, tid = heapq.heappop(self._heap)
+            v0, ctx = self._seqs.pop(tid)
+            self._s -= ctx - v0
+            self.touch(tid, ctx + round(self._v - v0))
+            decoded.append(tid)
+        while self._prefill and self._prefill[0][1] <= _EPS:
+            tid, left = self._prefill.popleft()
+            self._pf_left -= left
+            if self._pf_tids[tid] == 1:
+                del self._pf_tids[tid]
+            else:
+                self._pf_tids[tid] -= 1
+            prefilled.append(tid)
+        self._admit()
+        self._reschedule()
+        for tid in decoded:
+            self._decoded(self, tid)
+        for tid in prefilled:
+            self._prefilled(self, tid)
