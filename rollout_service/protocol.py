@@ -251,6 +251,17 @@ class BatchStatus(_Wire):
         return sum(n for s, n in self.counts.items() if s.terminal)
 
 
+class GroupStatus(_Wire):
+    """A GRPO group (one task's trajectories): how many are done and how many are usable."""
+
+    group_index: int
+    size: int
+    done: int
+    usable: int = Field(description="completed or truncated: fit for the loss")
+    failed: int
+    rewards: list[float | None] = Field(description="per member, in sample order; None until usable")
+
+
 class TrajectoryPage(_Wire):
     items: list[Trajectory]
     next_cursor: int | None

@@ -16,6 +16,7 @@ Non-goals: tool-call parsing formats; that belongs to environments.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Protocol
@@ -97,9 +98,15 @@ def register_tokenizer(name: str, tokenizer: Tokenizer) -> None:
     _NAMED[name] = tokenizer
 
 
+_LOADING = threading.Lock()  # one load at a time: concurrent first imports of transformers race
+
+
 def load_tokenizer(spec: str) -> Tokenizer:
     """A registered name ('byte' is built in), otherwise a local tokenizer folder."""
-    return _NAMED.get(spec) or _load_folder(spec)
+    if spec in _NAMED:
+        return _NAMED[spec]
+    with _LOADING:
+        return _load_folder(spec)
 
 
 @lru_cache(maxsize=16)

@@ -31,12 +31,14 @@ RETRYABLE = frozenset({FailureKind.engine, FailureKind.env, FailureKind.sandbox,
 
 class Worker:
     def __init__(self, queue: Queue, store: Store, fleet: Fleet, envs: EnvBackend, *,
-                 worker_id: str | None = None, concurrency: int = 16, poll_s: float = 0.05):
+                 worker_id: str | None = None, concurrency: int = 16, poll_s: float = 0.05,
+                 retry_backoff_s: float = 0.5):
         self.queue, self.store, self.fleet, self.envs = queue, store, fleet, envs
         self.id = worker_id or f"worker-{uuid.uuid4().hex[:8]}"
         self.concurrency = concurrency
         self.poll_s = poll_s
         self.heartbeat_s = max(queue.lease_s / 3, 0.05)
+        self.retry_backoff_s = retry_backoff_s  # doubles per attempt
         self._active: set[asyncio.Task] = set()
         self.finished = 0
 
@@ -75,7 +77,7 @@ class Worker:
                     log.warning("reaped expired leases: %d requeued, %d failed", requeued, failed)
             except Exception:  # a reaper hiccup must not stop the worker
                 log.exception("reap failed")
-            await asyncio.sleep(self.heartbeat_s)
+            await asyncio.sleep(min(self.heartbeat_s, 0.5))  # also releases due retries
 
     async def _probe_forever(self, stop: asyncio.Event, every_s: float = 2.0) -> None:
         """Engine health checks: a dead engine leaves rotation within `every_s`."""
@@ -123,7 +125,7 @@ class Worker:
                 and claim.attempt < self.queue.max_attempts):
             log.info("retrying %s after %s failure: %s", claim.trajectory_id, traj.failure.kind.value,
                      traj.failure.message)
-            await self.queue.retry(claim)
+            await self.queue.retry(claim, delay_s=min(self.retry_backoff_s * 2 ** (claim.attempt - 1), 30.0))
             return
         if await self.queue.complete(claim, traj):
             self.finished += 1

@@ -2,6 +2,7 @@
 
     {p}queue                      list   trajectory ids ready to run (RPUSH in, LPOP out)
     {p}leases                     zset   trajectory id -> lease deadline (ms since epoch)
+    {p}delayed                    zset   trajectory id -> when a retry may run again (ms since epoch)
     {p}batches                    zset   batch id -> created at (s)
     {p}batch:{bid}                hash   state, request json, counts per trajectory state
     {p}batch:{bid}:trajs          list   trajectory ids in submission order
@@ -37,6 +38,10 @@ class Keys:
     @property
     def leases(self) -> str:
         return f"{self.prefix}leases"
+
+    @property
+    def delayed(self) -> str:
+        return f"{self.prefix}delayed"
 
     @property
     def batches(self) -> str:

@@ -31,7 +31,7 @@ from scheduler.keys import Keys
 # Shared Lua: move trajectory `tid` (hash `tkey`) of batch hash `bkey` to a new state,
 # keeping per-state counters, the lease zset, the queue and the event stream consistent.
 _FINISH_FN = """
-local function finish(p, tid, new_state, result, reward, failure, now)
+local function finish(p, tid, new_state, result, reward, failure, now, ready_ms)
   local tkey = p .. 'traj:' .. tid
   local old = redis.call('HGET', tkey, 'state')
   if old == false or (old ~= 'queued' and old ~= 'running') then return 0 end
@@ -42,9 +42,14 @@ local function finish(p, tid, new_state, result, reward, failure, now)
   redis.call('HINCRBY', bkey, 'n:' .. new_state, 1)
   if new_state == 'queued' then
     redis.call('HSET', tkey, 'state', 'queued', 'token', '')
-    redis.call('RPUSH', p .. 'queue', tid)
+    if ready_ms and tonumber(ready_ms) > 0 then
+      redis.call('ZADD', p .. 'delayed', ready_ms, tid)  -- back-off: the reaper queues it when due
+    else
+      redis.call('RPUSH', p .. 'queue', tid)
+    end
     return 1
   end
+  redis.call('ZREM', p .. 'delayed', tid)
   redis.call('HSET', tkey, 'state', new_state, 'token', '', 'finished_at', now)
   if result ~= '' then redis.call('HSET', tkey, 'result', result) end
   if reward ~= '' then redis.call('HSET', tkey, 'reward', reward) end
@@ -121,23 +126,27 @@ return 1
 """
 
 _FINISH = _FINISH_FN + """
--- ARGV: prefix, tid, token, new_state, result, reward, failure, now
+-- ARGV: prefix, tid, token, new_state, result, reward, failure, now, ready ms (retry back-off)
 local tkey = ARGV[1] .. 'traj:' .. ARGV[2]
 if redis.call('HGET', tkey, 'token') ~= ARGV[3] then return 0 end
-return finish(ARGV[1], ARGV[2], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8])
+return finish(ARGV[1], ARGV[2], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9])
 """
 
 _REAP = _FINISH_FN + """
 -- ARGV: prefix, now ms, max attempts, now s, failure json.  Returns {requeued, failed}
 local p = ARGV[1]
+for _, tid in ipairs(redis.call('ZRANGEBYSCORE', p .. 'delayed', '-inf', ARGV[2], 'LIMIT', 0, 500)) do
+  redis.call('ZREM', p .. 'delayed', tid)
+  redis.call('RPUSH', p .. 'queue', tid)
+end
 local expired = redis.call('ZRANGEBYSCORE', p .. 'leases', '-inf', ARGV[2], 'LIMIT', 0, 500)
 local requeued, failed = 0, 0
 for _, tid in ipairs(expired) do
   local attempts = tonumber(redis.call('HGET', p .. 'traj:' .. tid, 'attempts') or '0')
   if attempts >= tonumber(ARGV[3]) then
-    failed = failed + finish(p, tid, 'failed', '', '', ARGV[5], ARGV[4])
+    failed = failed + finish(p, tid, 'failed', '', '', ARGV[5], ARGV[4], 0)
   else
-    requeued = requeued + finish(p, tid, 'queued', '', '', '', ARGV[4])
+    requeued = requeued + finish(p, tid, 'queued', '', '', '', ARGV[4], 0)
   end
   redis.call('ZREM', p .. 'leases', tid)
 end
@@ -156,7 +165,7 @@ redis.call('HSET', bkey, 'state', 'cancelled')
 local n = 0
 for _, tid in ipairs(redis.call('LRANGE', bkey .. ':trajs', 0, -1)) do
   if redis.call('HGET', p .. 'traj:' .. tid, 'state') == 'queued' then
-    n = n + finish(p, tid, 'cancelled', '', '', ARGV[4], ARGV[3])
+    n = n + finish(p, tid, 'cancelled', '', '', ARGV[4], ARGV[3], 0)
   end
 end
 return n + 1
@@ -230,17 +239,20 @@ class Queue:
         failure = traj.failure.model_dump_json() if traj.failure else ""
         reward = "" if traj.reward is None else repr(traj.reward)
         got = await self._finish(args=[self.k.prefix, claim.trajectory_id, claim.token, traj.state.value,
-                                       traj.model_dump_json(), reward, failure, time.time()])
+                                       traj.model_dump_json(), reward, failure, time.time(), 0])
         return bool(got)
 
-    async def retry(self, claim: Claim) -> bool:
-        """Give the trajectory back to the queue (infrastructure failure within budget)."""
+    async def retry(self, claim: Claim, delay_s: float = 0.0) -> bool:
+        """Give the trajectory back to the queue (infrastructure failure within budget),
+        claimable again after `delay_s` so a restarting engine or env worker is not hammered."""
+        ready_ms = int((time.time() + delay_s) * 1000) if delay_s > 0 else 0
         got = await self._finish(args=[self.k.prefix, claim.trajectory_id, claim.token, "queued", "", "", "",
-                                       time.time()])
+                                       time.time(), ready_ms])
         return bool(got)
 
     async def reap(self) -> tuple[int, int]:
-        """Requeue trajectories whose lease lapsed; fail those out of attempts."""
+        """Queue retries whose back-off is over; requeue trajectories whose lease lapsed and
+        fail those out of attempts."""
         failure = Failure(kind=FailureKind.internal,
                           message=f"worker lease expired {self.max_attempts} times").model_dump_json()
         requeued, failed = await self._reap(args=[self.k.prefix, int(time.time() * 1000), self.max_attempts,

@@ -13,6 +13,7 @@ from rollout_service.protocol import (
     BatchState,
     BatchStatus,
     Failure,
+    GroupStatus,
     RolloutRequest,
     Trajectory,
     TrajectoryEvent,
@@ -85,6 +86,26 @@ class Store:
         if state is not None:
             items = [t for t in items if t.state == state]
         return items, (cursor + len(ids) if len(ids) == limit else None)
+
+    async def groups(self, bid: str) -> list[GroupStatus]:
+        """Per-group counts, read from the trajectories' small fields (not their results)."""
+        ids = [_s(t) for t in await self.r.lrange(self.k.batch_trajs(bid), 0, -1)]
+        pipe = self.r.pipeline(transaction=False)
+        for tid in ids:
+            pipe.hmget(self.k.traj(tid), "group", "sample", "state", "reward")
+        groups: dict[int, list[tuple[int, TrajectoryState, float | None]]] = {}
+        for group, sample, state, reward in await pipe.execute():
+            groups.setdefault(int(group), []).append(
+                (int(sample), TrajectoryState(_s(state)), float(reward) if reward else None))
+        out = []
+        for g, members in sorted(groups.items()):
+            members.sort(key=lambda m: m[0])
+            usable = [m for m in members if m[1] in (TrajectoryState.completed, TrajectoryState.truncated)]
+            out.append(GroupStatus(
+                group_index=g, size=len(members), done=sum(m[1].terminal for m in members), usable=len(usable),
+                failed=sum(m[1] is TrajectoryState.failed for m in members),
+                rewards=[m[2] if m in usable else None for m in members]))
+        return out
 
     async def events(self, bid: str, after: str = "0", block_ms: int = 1000,
                      count: int = 100) -> list[tuple[str, TrajectoryEvent | None]]:

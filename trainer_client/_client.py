@@ -23,6 +23,7 @@ import httpx
 from rollout_service.protocol import (
     BatchCreated,
     BatchStatus,
+    GroupStatus,
     RolloutRequest,
     SamplingParams,
     Trajectory,
@@ -124,6 +125,10 @@ class RolloutClient(_Base):
 
     def trajectory(self, trajectory_id: str) -> Trajectory:
         return Trajectory.model_validate(self._req("GET", f"/v1/trajectories/{trajectory_id}"))
+
+    def groups(self, batch_id: str) -> list[GroupStatus]:
+        """Per GRPO group: members done, usable (fit for the loss), failed, rewards."""
+        return [GroupStatus.model_validate(g) for g in self._req("GET", f"/v1/batches/{batch_id}/groups")]
 
     def trajectories(self, batch_id: str, page_size: int = 100) -> Iterator[Trajectory]:
         """Every trajectory of the batch in submission order (finished or not)."""
@@ -230,6 +235,9 @@ class AsyncRolloutClient(_Base):
 
     async def trajectory(self, trajectory_id: str) -> Trajectory:
         return Trajectory.model_validate(await self._req("GET", f"/v1/trajectories/{trajectory_id}"))
+
+    async def groups(self, batch_id: str) -> list[GroupStatus]:
+        return [GroupStatus.model_validate(g) for g in await self._req("GET", f"/v1/batches/{batch_id}/groups")]
 
     async def trajectories(self, batch_id: str, page_size: int = 100) -> AsyncIterator[Trajectory]:
         cursor: int | None = 0

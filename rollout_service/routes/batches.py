@@ -13,6 +13,7 @@ from rollout_service.protocol import (
     BatchCreated,
     BatchStatus,
     ErrorResponse,
+    GroupStatus,
     RolloutRequest,
     Trajectory,
     TrajectoryPage,
@@ -55,6 +56,13 @@ async def trajectories(request: Request, bid: str, cursor: int = Query(0, ge=0),
     await owned_batch(request, bid, who)
     items, nxt = await request.app.state.store.trajectories(bid, cursor, limit, state)
     return TrajectoryPage(items=items, next_cursor=nxt)
+
+
+@router.get("/batches/{bid}/groups", response_model=list[GroupStatus])
+async def groups(request: Request, bid: str, who: Principal = Caller) -> list[GroupStatus]:
+    """GRPO groups: per task, how many members are done and usable, and their rewards."""
+    await owned_batch(request, bid, who)
+    return await request.app.state.store.groups(bid)
 
 
 @router.get("/trajectories/{tid}", response_model=Trajectory)

@@ -99,3 +99,18 @@ async def test_dead_workers_trajectory_is_picked_up_by_another(settings, redis, 
     assert st.counts[TrajectoryState.completed] == 1
     t = await store.trajectory(f"{b.id}-0-0")
     assert t.attempts == 2 and t.turns[0].engine_id == "sim-0"
+
+
+async def test_group_status_counts_usable_members_and_retries_failures(settings, redis, keys):
+    """One member's engine failure is retried, not dropped: the group ends fully usable."""
+    q, store = Queue(redis, keys, max_attempts=3), Store(redis, keys)
+    b = await q.enqueue(RolloutRequest(tasks=[{"seed": 1}, {"seed": 2}], env="math", group_size=3))
+    groups = await store.groups(b.id)
+    assert [(g.size, g.done, g.usable) for g in groups] == [(3, 0, 0), (3, 0, 0)]
+    with RunningWorker(settings, engines={"flaky": (FlakyEngine(3), "byte")}, concurrency=1):
+        await wait_done(store, b.id)
+    groups = await store.groups(b.id)
+    assert [(g.size, g.done, g.usable, g.failed) for g in groups] == [(3, 3, 3, 0), (3, 3, 3, 0)]
+    assert all(r is not None for g in groups for r in g.rewards)
+    retried = [t for t in (await store.trajectories(b.id, 0, 10))[0] if t.attempts > 1]
+    assert len(retried) == 1  # the member that met the failing engine ran again

@@ -128,3 +128,24 @@ async def test_events_stream_each_terminal_state_then_done(queue, store):
     assert [e.trajectory_id for _, e in events[:2]] == [f"{b.id}-0-0", f"{b.id}-0-1"]
     assert events[-1][1] is None and len(events) == 3
     assert await store.events(b.id, events[0][0], block_ms=100) == events[1:]  # resumable by id
+
+
+async def test_retry_with_backoff_waits_then_runs(queue):
+    await queue.enqueue(request(1, 1))
+    c = await queue.claim("w")
+    await queue.retry(c, delay_s=0.3)
+    assert await queue.claim("w") is None  # backing off
+    await queue.reap()
+    assert await queue.claim("w") is None  # not due yet
+    await asyncio.sleep(0.35)
+    await queue.reap()
+    again = await queue.claim("w")
+    assert again.trajectory_id == c.trajectory_id and again.attempt == 2
+
+
+async def test_cancel_reaches_a_trajectory_backing_off(queue, store):
+    b = await queue.enqueue(request(1, 1))
+    await queue.retry(await queue.claim("w"), delay_s=60)
+    await queue.cancel(b.id)
+    assert (await store.batch_status(b.id)).counts[TrajectoryState.cancelled] == 1
+    assert await queue.r.zcard(queue.k.delayed) == 0
