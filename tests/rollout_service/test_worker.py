@@ -114,3 +114,20 @@ async def test_group_status_counts_usable_members_and_retries_failures(settings,
     assert all(r is not None for g in groups for r in g.rewards)
     retried = [t for t in (await store.trajectories(b.id, 0, 10))[0] if t.attempts > 1]
     assert len(retried) == 1  # the member that met the failing engine ran again
+
+
+async def test_deadline_counts_active_time_not_time_queued(settings, redis, keys):
+    q, store = Queue(redis, keys), Store(redis, keys)
+    b = await q.enqueue(RolloutRequest(tasks=[{"seed": 1}], env="math", deadline_s=0.5))
+    await asyncio.sleep(0.8)  # queued longer than the deadline: must not count
+    with RunningWorker(settings):
+        await wait_done(store, b.id)
+    t = await store.trajectory(f"{b.id}-0-0")
+    assert t.state is TrajectoryState.completed and t.active_s < 0.5
+
+    slow = {"slow": (SimEngine("slow", time_scale=50.0), "byte")}
+    b2 = await q.enqueue(RolloutRequest(tasks=[{"seed": 1}], env="math", deadline_s=0.3))
+    with RunningWorker(settings, engines=slow):
+        await wait_done(store, b2.id)
+    t2 = await store.trajectory(f"{b2.id}-0-0")
+    assert t2.state is TrajectoryState.failed and t2.failure.kind is FailureKind.timeout
