@@ -19,7 +19,9 @@ from rollout_service.auth import ApiKeys, Principal
 from rollout_service.config import Settings
 from rollout_service.metrics import Metrics
 from rollout_service.protocol import ErrorResponse
-from rollout_service.routes import admin, batches, health
+from rollout_service.engines.fleet import Fleet
+from rollout_service.routes import admin, batches, health, sessions
+from rollout_service.sessions import Sessions
 from scheduler.keys import Keys
 from scheduler.queue import Queue
 from scheduler.registry import Registry
@@ -39,9 +41,11 @@ def create_app(settings: Settings | None = None, redis: aioredis.Redis | None = 
         app.state.registry = Registry(r, keys)
         app.state.metrics = Metrics()
         app.state.api_keys = ApiKeys(r, keys)
+        app.state.sessions = Sessions(r, keys, Fleet(registry=app.state.registry))
         if settings.admin_key:
             await app.state.api_keys.add(settings.admin_key, Principal("admin", admin=True))
         yield
+        await app.state.sessions.fleet.aclose()
         if redis is None:
             await r.aclose()
 
@@ -68,6 +72,7 @@ def create_app(settings: Settings | None = None, redis: aioredis.Redis | None = 
     app.include_router(health.router)
     app.include_router(batches.router)
     app.include_router(admin.router)
+    app.include_router(sessions.router)
     return app
 
 

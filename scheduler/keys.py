@@ -16,6 +16,7 @@
     {p}stats                      hash   counters: finished:{state}, failure:{kind}
     {p}tenant:{t}:batches         zset   a tenant's batch ids -> created at
     {p}apikey:{sha256}            string Principal json for an API key (only its hash is stored)
+    {p}session:{sid}              hash   tenant, trajectory json of an OpenAI-compatible session
 
 The prefix lets several deployments (or tests) share one Redis. The Lua scripts in
 `scheduler.queue` build the same names from the prefix (a script may only touch keys it can
@@ -82,6 +83,9 @@ class Keys:
 
     def tenant_batches(self, tenant: str) -> str:
         return f"{self.prefix}tenant:{tenant}:batches"
+
+    def session(self, sid: str) -> str:
+        return f"{self.prefix}session:{sid}"
 
     def apikey(self, key_hash: str) -> str:
         return f"{self.prefix}apikey:{key_hash}"
