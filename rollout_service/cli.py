@@ -41,8 +41,11 @@ def cmd_gateway(args) -> None:
 
     from rollout_service.app import create_app
 
+    from rollout_service import logs
+
+    logs.configure("gateway")
     s = Settings.from_env(host=args.host, port=args.port)
-    uvicorn.run(create_app(s), host=s.host, port=s.port, log_level="warning")
+    uvicorn.run(create_app(s), host=s.host, port=s.port, log_level="warning", log_config=None)
 
 
 def cmd_worker(args) -> None:
@@ -57,19 +60,22 @@ def cmd_worker(args) -> None:
     from scheduler.store import Store
 
     s = Settings.from_env()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    from rollout_service import logs
+
+    logs.configure("worker")
 
     async def main() -> None:
         r = aioredis.from_url(s.redis_url)
         keys = Keys(s.key_prefix)
         reg = Registry(r, keys)
         worker = Worker(Queue(r, keys, s.lease_s, s.max_attempts), Store(r, keys), Fleet(registry=reg),
-                        RemoteEnvs(reg.pick_worker), concurrency=args.concurrency or s.worker_concurrency)
+                        RemoteEnvs(reg.pick_worker), concurrency=args.concurrency or s.worker_concurrency,
+                        registry=reg)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        logging.info("worker %s started (concurrency %d)", worker.id, worker.concurrency)
+        logging.info("worker started", extra={"worker_id": worker.id, "concurrency": worker.concurrency})
         await worker.run(stop)
 
     asyncio.run(main())
@@ -277,8 +283,38 @@ def cmd_status(args) -> None:
     with _client(args) as c:
         if args.batch:
             _summary(c, args.batch, 0.0) if args.detail else _status_table([c.status(args.batch)])
-        else:
-            _status_table(c._req("GET", "/v1/batches", params={"limit": args.limit}), raw=True)
+            return
+        _fleet_table(c)
+        _status_table(c._req("GET", "/v1/batches", params={"limit": args.limit}), raw=True)
+
+
+def _fleet_table(c) -> None:
+    """The gateway's /metrics, as tables: the same numbers Prometheus scrapes."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = c._http.get("/metrics")
+    if r.status_code != 200:
+        return
+    samples = [(s.name, s.labels, s.value) for fam in text_string_to_metric_families(r.text) for s in fam.samples]
+    one = {n: v for n, labels, v in samples if not labels}
+    by = lambda name, key: {lab[key]: v for n, lab, v in samples if n == name}  # noqa: E731
+    t = Table(title="service", show_header=False)
+    t.add_row("queue depth", f"{one.get('rollout_queue_depth', 0):.0f}")
+    t.add_row("running", f"{one.get('rollout_trajectories_running', 0):.0f}")
+    t.add_row("finished", ", ".join(f"{k}: {v:.0f}" for k, v in by("rollout_trajectories_finished_total", "state")
+                                    .items()) or "-")
+    t.add_row("failures", ", ".join(f"{k}: {v:.0f}" for k, v in by("rollout_failures_total", "kind").items())
+              or "none")
+    t.add_row("tokens", ", ".join(f"{k}: {v:.0f}" for k, v in by("rollout_tokens_total", "kind").items()) or "-")
+    t.add_row("env workers", f"{one.get('rollout_env_workers', 0):.0f}")
+    console.print(t)
+    up = {lab["engine"]: (lab["role"], v) for n, lab, v in samples if n == "rollout_engine_up"}
+    load = by("rollout_engine_inflight_tokens", "engine")
+    if up:
+        e = Table("engine", "role", "up", "in-flight tokens", title="engines")
+        for eid, (role, ok) in sorted(up.items()):
+            e.add_row(eid, role, "yes" if ok else "[red]no[/]", f"{load.get(eid, 0):.0f}")
+        console.print(e)
 
 
 def _status_table(rows, raw: bool = False) -> None:

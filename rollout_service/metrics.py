@@ -1,38 +1,85 @@
-"""Prometheus metrics of the gateway. Gauges are read from Redis at scrape time, so any
-number of gateways report the same truth; counters of finished work live in Redis too."""
+"""Prometheus metrics of the gateway. Everything is read from Redis at scrape time, so any
+number of gateways report the same truth; counters of finished work live in Redis too.
+
+    rollout_queue_depth, rollout_trajectories_running          gauges
+    rollout_trajectories_finished_total{state}                  counter
+    rollout_failures_total{kind}                                counter
+    rollout_tokens_total{kind="sampled"|"prompt"}               counter (rate() = tokens/s)
+    rollout_engine_inflight_tokens{engine,role}, rollout_engine_up{engine,role}
+    rollout_env_workers, rollout_batches_submitted_total, rollout_http_requests_total{route,status}
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from scheduler.queue import Queue
 from scheduler.registry import Registry
 
 
+@dataclass(slots=True)
+class Snapshot:
+    depth: int = 0
+    running: int = 0
+    stats: dict[str, int] = field(default_factory=dict)
+    engines: list[tuple[str, str, int, bool]] = field(default_factory=list)  # id, role, in-flight, up
+    workers: int = 0
+
+
+class _RedisCollector:
+    def __init__(self) -> None:
+        self.snap = Snapshot()
+
+    def collect(self):
+        s = self.snap
+        yield GaugeMetricFamily("rollout_queue_depth", "Trajectories waiting to be claimed", value=s.depth)
+        yield GaugeMetricFamily("rollout_trajectories_running", "Trajectories holding a lease", value=s.running)
+        fams = {
+            "finished": CounterMetricFamily("rollout_trajectories_finished", "Trajectories finished, by state",
+                                            labels=["state"]),
+            "failure": CounterMetricFamily("rollout_failures", "Failed or cancelled trajectories, by kind",
+                                           labels=["kind"]),
+            "tokens": CounterMetricFamily("rollout_tokens", "Tokens in finished trajectories", labels=["kind"]),
+        }
+        for key, n in sorted(s.stats.items()):
+            what, _, label = key.partition(":")
+            if what in fams:
+                fams[what].add_metric([label], n)
+        yield from fams.values()
+        inflight = GaugeMetricFamily("rollout_engine_inflight_tokens", "In-flight tokens per engine (all workers)",
+                                     labels=["engine", "role"])
+        up = GaugeMetricFamily("rollout_engine_up", "1 unless a worker's probe finds the engine down",
+                               labels=["engine", "role"])
+        for eid, role, tokens, ok in s.engines:
+            inflight.add_metric([eid, role], tokens)
+            up.add_metric([eid, role], 1 if ok else 0)
+        yield inflight
+        yield up
+        yield GaugeMetricFamily("rollout_engines", "Registered engines", value=len(s.engines))
+        yield GaugeMetricFamily("rollout_env_workers", "Live env workers", value=s.workers)
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        r = self.registry
-        self.queue_depth = Gauge("rollout_queue_depth", "Trajectories waiting to be claimed", registry=r)
-        self.running = Gauge("rollout_trajectories_running", "Trajectories holding a lease", registry=r)
-        self.finished = Gauge("rollout_trajectories_finished", "Trajectories finished, by terminal state",
-                              ["state"], registry=r)
-        self.failures = Gauge("rollout_failures", "Failed or cancelled trajectories, by failure kind", ["kind"],
-                              registry=r)
-        self.engines = Gauge("rollout_engines", "Registered engines", registry=r)
-        self.workers = Gauge("rollout_env_workers", "Live env workers", registry=r)
-        self.batches = Counter("rollout_batches_submitted", "Batches accepted by this gateway", registry=r)
+        self._redis = _RedisCollector()
+        self.registry.register(self._redis)
+        self.batches = Counter("rollout_batches_submitted", "Batches accepted by this gateway", registry=self.registry)
         self.requests = Counter("rollout_http_requests", "HTTP requests by route and status",
-                                ["route", "status"], registry=r)
+                                ["route", "status"], registry=self.registry)
+
+    async def snapshot(self, queue: Queue, registry: Registry) -> Snapshot:
+        stats = {(k.decode() if isinstance(k, bytes) else k): int(v)
+                 for k, v in (await queue.r.hgetall(queue.k.stats)).items()}
+        engines = await registry.engines()
+        loads = await registry.engine_loads([e.id for e in engines])
+        return Snapshot(depth=await queue.depth(), running=await queue.running(), stats=stats,
+                        engines=[(e.id, e.role, *loads[e.id]) for e in engines],
+                        workers=len(await registry.workers()))
 
     async def render(self, queue: Queue, registry: Registry) -> bytes:
-        self.queue_depth.set(await queue.depth())
-        self.running.set(await queue.running())
-        stats = await queue.r.hgetall(queue.k.stats)
-        for k, v in stats.items():
-            k = k.decode() if isinstance(k, bytes) else k
-            what, _, label = k.partition(":")
-            (self.finished.labels(state=label) if what == "finished" else self.failures.labels(kind=label)).set(int(v))
-        self.engines.set(len(await registry.engines()))
-        self.workers.set(len(await registry.workers()))
+        self._redis.snap = await self.snapshot(queue, registry)
         return generate_latest(self.registry)

@@ -294,6 +294,7 @@ class EngineInfo(_Input):
         return v
     policy_version: Int = Field(0, ge=0)
     tokenizer: str = Field("byte", max_length=512, description="'byte' or a local tokenizer folder.")
+    role: Literal["prefill", "decode", "mixed"] = Field("mixed", description="Prefill/decode role (PD allocation).")
 
 
 class WorkerInfo(_Input):

@@ -32,13 +32,14 @@ RETRYABLE = frozenset({FailureKind.engine, FailureKind.env, FailureKind.sandbox,
 class Worker:
     def __init__(self, queue: Queue, store: Store, fleet: Fleet, envs: EnvBackend, *,
                  worker_id: str | None = None, concurrency: int = 16, poll_s: float = 0.05,
-                 retry_backoff_s: float = 0.5):
+                 retry_backoff_s: float = 0.5, registry=None):
         self.queue, self.store, self.fleet, self.envs = queue, store, fleet, envs
         self.id = worker_id or f"worker-{uuid.uuid4().hex[:8]}"
         self.concurrency = concurrency
         self.poll_s = poll_s
         self.heartbeat_s = max(queue.lease_s / 3, 0.05)
         self.retry_backoff_s = retry_backoff_s  # doubles per attempt
+        self.registry = registry  # where engine loads and health are reported for everyone to see
         self._active: set[asyncio.Task] = set()
         self.finished = 0
 
@@ -74,7 +75,7 @@ class Worker:
             try:
                 requeued, failed = await self.queue.reap()
                 if requeued or failed:
-                    log.warning("reaped expired leases: %d requeued, %d failed", requeued, failed)
+                    log.warning("reaped expired leases", extra={"requeued": requeued, "failed": failed})
             except Exception:  # a reaper hiccup must not stop the worker
                 log.exception("reap failed")
             await asyncio.sleep(min(self.heartbeat_s, 0.5))  # also releases due retries
@@ -84,6 +85,8 @@ class Worker:
         while not stop.is_set():
             try:
                 await self.fleet.probe()
+                if self.registry is not None:
+                    await self.registry.report(self.id, self.fleet.loads(), set(self.fleet.down))
             except Exception:
                 log.exception("engine probe failed")
             await asyncio.sleep(every_s)
@@ -92,7 +95,7 @@ class Worker:
         try:
             work = await self.store.work(claim.trajectory_id)
         except Exception as e:  # unreadable spec: record it, never loop on it
-            log.exception("cannot load trajectory %s", claim.trajectory_id)
+            log.exception("cannot load trajectory", extra={"trajectory_id": claim.trajectory_id})
             await self.queue.complete(claim, _failed_stub(claim, FailureKind.internal, f"cannot load: {e!r}"))
             return
         episode = asyncio.create_task(run_episode(work, self.fleet, self.envs, claim.attempt))
@@ -106,7 +109,7 @@ class Worker:
                     break
         except LeaseLost:
             episode.cancel()
-            log.warning("lease lost on %s; dropping its result", claim.trajectory_id)
+            log.warning("lease lost; dropping the result", extra={"trajectory_id": claim.trajectory_id})
             return
         except asyncio.CancelledError:
             episode.cancel()  # worker shutting down: the lease lapses and another worker retries
@@ -119,16 +122,22 @@ class Worker:
             traj = _failed_stub(claim, FailureKind.cancelled, "batch cancelled", work)
             traj.state = TrajectoryState.cancelled
         except Exception as e:
-            log.exception("episode crashed: %s", claim.trajectory_id)
+            log.exception("episode crashed", extra={"trajectory_id": claim.trajectory_id})
             traj = _failed_stub(claim, FailureKind.internal, f"episode crashed: {e!r}", work)
         if (traj.state is TrajectoryState.failed and traj.failure and traj.failure.kind in RETRYABLE
                 and claim.attempt < self.queue.max_attempts):
-            log.info("retrying %s after %s failure: %s", claim.trajectory_id, traj.failure.kind.value,
-                     traj.failure.message)
+            log.info("retrying after an infrastructure failure", extra={
+                "trajectory_id": claim.trajectory_id, "batch_id": traj.batch_id, "attempt": claim.attempt,
+                "failure_kind": traj.failure.kind.value, "failure": traj.failure.message})
             await self.queue.retry(claim, delay_s=min(self.retry_backoff_s * 2 ** (claim.attempt - 1), 30.0))
             return
         if await self.queue.complete(claim, traj):
             self.finished += 1
+            log.info("trajectory finished", extra={
+                "trajectory_id": traj.id, "batch_id": traj.batch_id, "state": traj.state.value, "reward": traj.reward,
+                "turns": len(traj.turns), "sampled_tokens": sum(len(t.output_ids) for t in traj.turns),
+                "active_s": round(traj.active_s, 3), "attempt": claim.attempt,
+                "failure_kind": traj.failure.kind.value if traj.failure else None})
 
 
 def _failed_stub(claim: Claim, kind: FailureKind, message: str, work=None) -> Trajectory:

@@ -10,7 +10,8 @@
     {p}traj:{tid}                 hash   state, spec json, attempts, lease token, result json
     {p}idem:{key}                 string batch id for an idempotency key
     {p}engines                    hash   engine id -> EngineInfo json
-    {p}engine:{id}:load           string in-flight tokens on that engine (INCRBY/DECRBY)
+    {p}engine:{id}:load           hash   worker id -> in-flight tokens it has on that engine (TTL)
+    {p}engine:{id}:down           string present while a worker's probe finds the engine down (TTL)
     {p}workers                    hash   env worker id -> WorkerInfo json
     {p}worker:{id}:alive          string present while the env worker heartbeats (TTL)
     {p}stats                      hash   counters: finished:{state}, failure:{kind}
@@ -69,6 +70,9 @@ class Keys:
 
     def engine_load(self, eid: str) -> str:
         return f"{self.prefix}engine:{eid}:load"
+
+    def engine_down(self, eid: str) -> str:
+        return f"{self.prefix}engine:{eid}:down"
 
     @property
     def workers(self) -> str:

@@ -240,6 +240,11 @@ class Queue:
         reward = "" if traj.reward is None else repr(traj.reward)
         got = await self._finish(args=[self.k.prefix, claim.trajectory_id, claim.token, traj.state.value,
                                        traj.model_dump_json(), reward, failure, time.time(), 0])
+        if got:
+            pipe = self.r.pipeline(transaction=False)
+            pipe.hincrby(self.k.stats, "tokens:sampled", sum(len(t.output_ids) for t in traj.turns))
+            pipe.hincrby(self.k.stats, "tokens:prompt", sum(len(t.prompt_ids) for t in traj.turns))
+            await pipe.execute()
         return bool(got)
 
     async def retry(self, claim: Claim, delay_s: float = 0.0) -> bool:

@@ -40,6 +40,25 @@ class Registry:
         return sorted((EngineInfo.model_validate_json(v) for v in (await self.r.hgetall(self.k.engines)).values()),
                       key=lambda e: e.id)
 
+    async def report(self, worker_id: str, loads: dict[str, int], down: set[str], ttl_s: int = 10) -> None:
+        """A worker's view of the engines: its in-flight tokens on each, and which look down."""
+        pipe = self.r.pipeline(transaction=False)
+        for eid, tokens in loads.items():
+            pipe.hset(self.k.engine_load(eid), worker_id, tokens)
+            pipe.expire(self.k.engine_load(eid), ttl_s)
+        for eid in down:
+            pipe.set(self.k.engine_down(eid), worker_id, ex=ttl_s)
+        await pipe.execute()
+
+    async def engine_loads(self, engine_ids: list[str]) -> dict[str, tuple[int, bool]]:
+        """engine id -> (in-flight tokens summed over workers, up?)"""
+        pipe = self.r.pipeline(transaction=False)
+        for eid in engine_ids:
+            pipe.hvals(self.k.engine_load(eid))
+            pipe.exists(self.k.engine_down(eid))
+        got = await pipe.execute()
+        return {eid: (sum(int(v) for v in got[2 * i]), not got[2 * i + 1]) for i, eid in enumerate(engine_ids)}
+
     async def workers(self) -> list[WorkerInfo]:
         infos = [WorkerInfo.model_validate_json(v) for v in (await self.r.hgetall(self.k.workers)).values()]
         if not infos:

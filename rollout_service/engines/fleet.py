@@ -68,6 +68,10 @@ class Fleet:
         for eid, healthy in zip(ids, ok):
             (self._down.discard if healthy is True else self._down.add)(eid)
 
+    def loads(self) -> dict[str, int]:
+        """In-flight tokens (prompt + max new) this process has on each engine."""
+        return {e: self._load.get(e, 0) for e in self._engines}
+
     def _available(self, tokenizer: str | None) -> dict[str, int]:
         able = {e: self._load.get(e, 0) for e, (_, tok) in self._engines.items()
                 if tokenizer is None or tok == tokenizer}

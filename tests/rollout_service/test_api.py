@@ -115,3 +115,35 @@ def test_jobs_survive_a_gateway_restart(settings):
             assert time.monotonic() < deadline
             time.sleep(0.05)
         assert c.get(f"{g2.url}/v1/batches/{bid}").json()["counts"]["completed"] == 6
+
+
+def test_metrics_after_a_batch(gateway, settings):
+    from rollout_service.protocol import EngineInfo
+
+    with httpx.Client(base_url=gateway.url) as c, RunningWorker(settings):
+        c.post("/v1/engines", json=EngineInfo(id="e1", url="http://127.0.0.1:9", role="decode").model_dump())
+        bid = c.post("/v1/batches", json=BATCH).json()["id"]
+        with c.stream("GET", f"/v1/batches/{bid}/events", timeout=30) as r:
+            for _ in r.iter_lines():
+                pass
+        m = c.get("/metrics").text
+    assert 'rollout_trajectories_finished_total{state="completed"} 6.0' in m
+    sampled = [line for line in m.splitlines() if line.startswith('rollout_tokens_total{kind="sampled"}')]
+    assert sampled and float(sampled[0].split()[-1]) > 0
+    assert 'rollout_engine_up{engine="e1",role="decode"} 1.0' in m
+    assert "rollout_queue_depth 0.0" in m
+
+
+def test_status_cli_renders_the_metrics(gateway, settings):
+    import subprocess
+    import sys
+
+    with httpx.Client(base_url=gateway.url) as c, RunningWorker(settings):
+        bid = c.post("/v1/batches", json=BATCH).json()["id"]
+        with c.stream("GET", f"/v1/batches/{bid}/events", timeout=30) as r:
+            for _ in r.iter_lines():
+                pass
+    out = subprocess.run([sys.executable, "-m", "rollout_service.cli", "status", "--url", gateway.url],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "queue depth" in out.stdout and "completed: 6" in out.stdout and bid[:8] in out.stdout

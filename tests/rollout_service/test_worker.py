@@ -84,8 +84,8 @@ async def test_infrastructure_failure_is_retried_then_recorded(settings, redis, 
 
 
 async def test_dead_workers_trajectory_is_picked_up_by_another(settings, redis, keys):
-    settings = dataclasses.replace(settings, lease_s=0.6)
-    q, store = Queue(redis, keys, settings.lease_s), Store(redis, keys)
+    settings = dataclasses.replace(settings, lease_s=1.5, max_attempts=5)
+    q, store = Queue(redis, keys, settings.lease_s, settings.max_attempts), Store(redis, keys)
     b = await q.enqueue(RolloutRequest(tasks=[{"seed": 1}], env="math"))
     hung = {"hung": (SimEngine("hung", time_scale=10**6), "byte")}
     w1 = RunningWorker(settings, engines=hung).__enter__()
@@ -98,7 +98,7 @@ async def test_dead_workers_trajectory_is_picked_up_by_another(settings, redis, 
         st = await wait_done(store, b.id)
     assert st.counts[TrajectoryState.completed] == 1
     t = await store.trajectory(f"{b.id}-0-0")
-    assert t.attempts == 2 and t.turns[0].engine_id == "sim-0"
+    assert t.attempts >= 2 and t.turns[0].engine_id == "sim-0"  # >2 only if a loaded machine stalls a heartbeat
 
 
 async def test_group_status_counts_usable_members_and_retries_failures(settings, redis, keys):
