@@ -1,6 +1,7 @@
 """How a rollout worker reaches environments: over HTTP (`RemoteEnvs`, the service) or
 in-process (`LocalEnvs`, tests and the simulator). Both raise `EnvUnavailable` for
-infrastructure trouble; a 422 from the env (bad task) raises `EnvRejected`."""
+infrastructure trouble (`SandboxUnavailable`, a subclass, when the trouble was a sandbox);
+a 422 from the env (bad task) raises `EnvRejected`."""
 
 from __future__ import annotations
 
@@ -11,12 +12,19 @@ from typing import Any, Protocol
 import httpx
 
 from env_workers import registry
-from env_workers.env import Env, EnvError, StepResult
+from env_workers.env import Env, EnvError, EnvUnavailable, SandboxUnavailable, StepResult
 from rollout_service.protocol import EnvOpened, EnvStepped, Message
 
 
-class EnvUnavailable(Exception):
-    """The env worker could not be reached or failed; retryable elsewhere."""
+__all__ = ["EnvBackend", "EnvHandle", "EnvRejected", "EnvUnavailable", "LocalEnvs", "RemoteEnvs",
+           "SandboxUnavailable"]
+
+
+def _code(r: httpx.Response) -> str | None:
+    try:
+        return r.json()["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 class EnvRejected(Exception):
@@ -75,6 +83,8 @@ class RemoteEnvs:
             raise EnvUnavailable(f"env worker unreachable: {e!r}") from e
         if r.status_code == 422:
             raise EnvRejected(r.json().get("error", {}).get("message", r.text))
+        if r.status_code == 503 and _code(r) == "sandbox_unavailable":
+            raise SandboxUnavailable(r.json()["error"]["message"])
         if r.status_code != 200:
             raise EnvUnavailable(f"env worker answered {r.status_code}: {r.text[:300]}")
         return r.json()

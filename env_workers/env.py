@@ -4,8 +4,13 @@
     obs, reward, terminated, truncated, info = env.step(action_text)
 
 An environment is synchronous and owns one episode; the env worker runs it in a thread.
-A tool error goes back to the model as text in the observation; an exception from
-`reset`/`step` is an infrastructure failure of kind `env`.
+A tool error goes back to the model as text in the observation (and its kind in
+`StepResult.info["tool_failure"]`); `EnvError` from `reset`/`step` means the task or action
+was unusable, `EnvUnavailable` an infrastructure failure of kind `env`, and its subclass
+`SandboxUnavailable` one of kind `sandbox`.
+
+Environments that use tools take `resources=` (a `scheduler.resources.Claims`, one per
+episode) and acquire sandboxes through it only when the model first calls a tool.
 """
 
 from __future__ import annotations
@@ -35,3 +40,12 @@ class Env(Protocol):
 
 class EnvError(Exception):
     """Raised by an environment that cannot continue (bad task payload, broken state)."""
+
+
+class EnvUnavailable(Exception):
+    """The env worker, or something an environment depends on, failed; retryable elsewhere."""
+
+
+class SandboxUnavailable(EnvUnavailable):
+    """No sandbox could be had (pool exhausted after its bounded wait, start failed) or the
+    sandbox broke under the episode: an infrastructure failure of kind `sandbox`."""

@@ -230,6 +230,24 @@ class BwrapSandbox:
 
     # -- teardown --------------------------------------------------------------------------
 
+    def reset(self) -> None:
+        """As good as new, keeping the id and uid: every process killed, the workspace emptied.
+        (How a `global`-scope pool reuses a sandbox; see scheduler/resources.py.)"""
+        if self._closed:
+            raise SandboxClosed(f"sandbox {self.id} is closed")
+        for p in self._procs:
+            _kill_group(p)
+        self._procs = []
+        if self._root:
+            _kill_uid(self.uid)
+        # rmtree never follows symlinks, so a link planted in the workspace cannot aim it elsewhere.
+        shutil.rmtree(self.workspace, ignore_errors=True)
+        if self.workspace.exists():
+            raise SandboxError(f"could not empty the workspace of sandbox {self.id}")
+        self.workspace.mkdir(mode=0o700)
+        if self._root:
+            os.chown(self.workspace, self.uid, self.uid)
+
     def close(self) -> None:
         if self._closed:
             return
