@@ -20,7 +20,7 @@ from rollout_service.config import Settings
 from rollout_service.metrics import Metrics
 from rollout_service.protocol import ErrorResponse
 from rollout_service.engines.fleet import Fleet
-from rollout_service.routes import admin, batches, health, sessions
+from rollout_service.routes import admin, batches, board, health, sessions
 from rollout_service.sessions import Sessions
 from scheduler.keys import Keys
 from scheduler.queue import Queue
@@ -72,6 +72,7 @@ def create_app(settings: Settings | None = None, redis: aioredis.Redis | None = 
     app.include_router(health.router)
     app.include_router(batches.router)
     app.include_router(admin.router)
+    app.include_router(board.router)
     app.include_router(sessions.router)
     return app
 
