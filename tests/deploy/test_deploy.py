@@ -29,13 +29,13 @@ import tomllib
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import kubernetes_validate as kv  # test extra: Kubernetes' OpenAPI schemas, offline
 import pytest
 import yaml
 
 from rollout_service.cli import build_parser
 from rollout_service.config import Settings
 
-kv = pytest.importorskip("kubernetes_validate")  # test extra
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
