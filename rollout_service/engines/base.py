@@ -18,6 +18,9 @@ class GenerateRequest:
     sampling: SamplingParams
     request_id: str
     stop_token_ids: list[int] = field(default_factory=list)
+    # Prefill/decode disaggregation: {"do_remote_decode": True} asks a prefill engine to keep
+    # the KV for another engine; what it answers is passed to the decode engine.
+    kv_transfer_params: dict | None = None
 
 
 @dataclass(slots=True)
@@ -29,6 +32,7 @@ class GenerateResult:
     engine_id: str
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    kv_transfer_params: dict | None = None  # from a prefill engine, for the decode engine
 
 
 class Engine(Protocol):
@@ -36,6 +40,8 @@ class Engine(Protocol):
     policy_version: int
 
     async def generate(self, req: GenerateRequest) -> GenerateResult: ...
+
+    async def prefill(self, req: GenerateRequest) -> dict: ...
 
     async def health(self) -> bool: ...
 

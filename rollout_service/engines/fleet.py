@@ -4,18 +4,24 @@ routing policy, health-probed, with in-flight token accounting and failover.
 An engine that fails a request or a health probe leaves rotation at once and returns when
 a probe succeeds; if no healthy engine is left, failed ones are tried anyway (a flaky
 engine beats none). A turn that fails on one engine is retried on another.
+
+Engines carry a role (registry: prefill | decode | mixed). When the policy routes a turn's
+prefill and decode to different engines, the prefill engine computes the KV and hands it
+over through vLLM's `kv_transfer_params` protocol (NixlConnector); the decode engine samples.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 from rollout_service.engines.base import Engine, EngineError, GenerateRequest, GenerateResult
 from rollout_service.engines.vllm import VLLMEngine
 from rollout_service.tokens import Tokenizer, load_tokenizer
 from scheduler.registry import Registry
-from scheduler.router import NoEngine, RoutingPolicy, StickyLeastLoaded
+from scheduler.roles import Role
+from scheduler.router import NoEngine, RoleAware, RoutingPolicy
 
 
 class Fleet:
@@ -24,7 +30,9 @@ class Fleet:
                  registry: Registry | None = None, refresh_s: float = 2.0):
         """`engines`: id -> (engine, tokenizer spec), fixed; or `registry` to discover them."""
         self._engines: dict[str, tuple[Engine, str]] = dict(engines or {})
-        self.policy = policy or StickyLeastLoaded()
+        self.policy = policy or RoleAware()
+        self._roles: dict[str, Role] = {e: Role.mixed for e in self._engines}
+        self._apply_roles()
         self.attempts = attempts
         self._registry = registry
         self._refresh_s = refresh_s
@@ -55,10 +63,22 @@ class Fleet:
                                           info.tokenizer)
                 self._load.setdefault(info.id, 0)
             self._engines[info.id][0].policy_version = info.policy_version
+            self._roles[info.id] = Role(info.role)
         for gone in set(self._engines) - {i.id for i in infos}:
             eng, _ = self._engines.pop(gone)
             self._down.discard(gone)
+            self._roles.pop(gone, None)
             await eng.aclose()
+        self._apply_roles()
+
+    def _apply_roles(self) -> None:
+        if hasattr(self.policy, "set_roles"):
+            self.policy.set_roles(self._roles)
+
+    def set_role(self, engine_id: str, role: Role) -> None:
+        """Change an engine's role locally (the registry is the shared source; see refresh)."""
+        self._roles[engine_id] = role
+        self._apply_roles()
 
     async def probe(self) -> None:
         """Health-check every engine; a failing one leaves rotation until it answers again."""
@@ -88,23 +108,44 @@ class Fleet:
         spec = self._engines[eid][1]
         return spec, await asyncio.to_thread(load_tokenizer, spec)
 
+    def _pick(self, trajectory_id: str, loads: dict[str, int]) -> tuple[str, str]:
+        """(prefill engine, decode engine); the same one unless roles split the turn."""
+        if isinstance(self.policy, RoleAware):
+            p = self.policy.pick_prefill(trajectory_id, loads)
+            return p, self.policy.pick_decode(trajectory_id, loads, p)
+        eid = self.policy.pick(trajectory_id, loads)
+        return eid, eid
+
     async def generate(self, trajectory_id: str, tokenizer: str, req: GenerateRequest) -> GenerateResult:
         """Serve one turn, failing over to another engine (same tokenizer) on error."""
         last: Exception | None = None
         for _ in range(self.attempts):
             await self.refresh()
             try:
-                eid = self.policy.pick(trajectory_id, self._available(tokenizer))
+                pid, eid = self._pick(trajectory_id, self._available(tokenizer))
             except NoEngine as e:
                 raise EngineError(f"no engine available for tokenizer {tokenizer!r}") from (last or e)
             engine, _ = self._engines[eid]
             cost = len(req.prompt_ids) + req.sampling.max_tokens
             self._load[eid] = self._load.get(eid, 0) + cost
+            failed = pid
             try:
-                res = await engine.generate(req)
+                t0 = time.perf_counter()
+                if pid != eid:  # disaggregated: prefill on pid, KV handed over, decode on eid
+                    self._load[pid] = self._load.get(pid, 0) + len(req.prompt_ids)
+                    try:
+                        params = await self._engines[pid][0].prefill(req)
+                    finally:
+                        self._load[pid] -= len(req.prompt_ids)
+                    t_prefill, failed = time.perf_counter() - t0, eid
+                    res = await engine.generate(dataclasses.replace(req, kv_transfer_params=params))
+                    res.prefill_s = t_prefill
+                else:
+                    failed = eid
+                    res = await engine.generate(req)
             except EngineError as e:
                 last = e
-                self._down.add(eid)
+                self._down.add(failed)
                 self.policy.forget(trajectory_id)
                 continue
             finally:

@@ -30,9 +30,14 @@ class CostModel:
     prefill_overhead_s: float = 0.004
     decode_step_s: float = 0.010  # one decode step at batch size 1
     decode_step_per_seq_s: float = 0.0001  # each concurrent sequence slows the step a little
+    kv_transfer_tokens_per_s: float = 200_000.0  # prefill -> decode KV hand-over (assumed, RDMA-class link)
+    kv_transfer_overhead_s: float = 0.002
 
     def prefill_time(self, prompt_tokens: int) -> float:
         return self.prefill_overhead_s + prompt_tokens / self.prefill_tokens_per_s
+
+    def transfer_time(self, tokens: int) -> float:
+        return self.kv_transfer_overhead_s + tokens / self.kv_transfer_tokens_per_s
 
     def decode_time(self, new_tokens: int, batch: int) -> float:
         return new_tokens * (self.decode_step_s + self.decode_step_per_seq_s * max(batch - 1, 0))
@@ -91,11 +96,20 @@ class SimEngine:
         logprobs = [-rng.expovariate(4.0 / scale) for _ in ids]
         return ids, logprobs, finish
 
+    async def prefill(self, req: GenerateRequest) -> dict:
+        """Model a prefill kept for another engine: returns what a decode engine needs."""
+        t = self.cost.prefill_time(len(req.prompt_ids))
+        if self.time_scale > 0:
+            await asyncio.sleep(t * self.time_scale)
+        return {"do_remote_prefill": True, "remote_engine_id": self.id, "remote_num_tokens": len(req.prompt_ids)}
+
     async def generate(self, req: GenerateRequest) -> GenerateResult:
         ids, logprobs, finish = self.sample(req)
         self._running += 1
         try:
-            prefill = self.cost.prefill_time(len(req.prompt_ids))
+            remote = (req.kv_transfer_params or {}).get("remote_num_tokens")
+            # With KV handed over, the decode engine pays the transfer instead of the prefill.
+            prefill = self.cost.transfer_time(remote) if remote else self.cost.prefill_time(len(req.prompt_ids))
             decode = self.cost.decode_time(len(ids), self._running)
             if self.time_scale > 0:
                 await asyncio.sleep((prefill + decode) * self.time_scale)

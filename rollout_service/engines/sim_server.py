@@ -34,11 +34,12 @@ class CompletionRequest(BaseModel):
     stop: list[str] | None = None
     skip_special_tokens: bool = True
     request_id: str | None = None
+    kv_transfer_params: dict | None = None
 
 
 def create_app(engine: SimEngine, model: str = "sim") -> FastAPI:
     app = FastAPI(title="simulated engine (vLLM-compatible subset)")
-    stats = {"requests": 0, "generation_tokens": 0, "prompt_tokens": 0}
+    stats = {"requests": 0, "generation_tokens": 0, "prompt_tokens": 0, "external_kv_tokens": 0}
     running = asyncio.Event()
     running.set()
 
@@ -85,7 +86,17 @@ def create_app(engine: SimEngine, model: str = "sim") -> FastAPI:
                                   max_tokens=min(body.max_tokens, 32_768), seed=body.seed)
         rid = body.request_id or uuid.uuid4().hex
         await running.wait()  # paused for a weight update: requests wait, as vLLM's mode=keep
-        res = await engine.generate(GenerateRequest(body.prompt, sampling, rid))
+        req = GenerateRequest(body.prompt, sampling, rid, kv_transfer_params=body.kv_transfer_params)
+        if (body.kv_transfer_params or {}).get("do_remote_decode"):
+            params = await engine.prefill(req)
+            stats["prompt_tokens"] += len(body.prompt)
+            return {"id": f"cmpl-{rid}", "object": "text_completion", "model": body.model or model,
+                    "choices": [{"index": 0, "text": "", "token_ids": [] if body.return_token_ids else None,
+                                 "logprobs": {"token_logprobs": []}, "finish_reason": "length"}],
+                    "kv_transfer_params": params}
+        if (body.kv_transfer_params or {}).get("remote_num_tokens"):
+            stats["external_kv_tokens"] += int(body.kv_transfer_params["remote_num_tokens"])
+        res = await engine.generate(req)
         stats["requests"] += 1
         stats["generation_tokens"] += len(res.output_ids)
         stats["prompt_tokens"] += len(body.prompt)
@@ -109,7 +120,8 @@ def create_app(engine: SimEngine, model: str = "sim") -> FastAPI:
     async def metrics() -> str:
         return (f"vllm:num_requests_running {engine._running}\n"
                 f"vllm:generation_tokens_total {stats['generation_tokens']}\n"
-                f"vllm:prompt_tokens_total {stats['prompt_tokens']}\n")
+                f"vllm:prompt_tokens_total {stats['prompt_tokens']}\n"
+                f'vllm:prompt_tokens_by_source_total{{source="external_kv_transfer"}} {stats["external_kv_tokens"]}\n')
 
     return app
 

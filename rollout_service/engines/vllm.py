@@ -8,6 +8,7 @@ echoes the prompt ids it actually used; if they differ from what we sent, the tu
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import httpx
@@ -45,7 +46,24 @@ class VLLMEngine:
             body["stop"] = s.stop
         if req.stop_token_ids:
             body["stop_token_ids"] = req.stop_token_ids
+        if req.kv_transfer_params is not None:
+            body["kv_transfer_params"] = req.kv_transfer_params
         return body
+
+    async def prefill(self, req: GenerateRequest) -> dict:
+        """Prefill only, keeping the KV for a decode engine; returns its kv_transfer_params."""
+        one = dataclasses.replace(req, sampling=req.sampling.model_copy(update={"max_tokens": 1}),
+                                  kv_transfer_params={"do_remote_decode": True}, request_id=f"{req.request_id}-p")
+        try:
+            r = await self._client.post(f"{self.url}/v1/completions", json=self.payload(one))
+        except httpx.HTTPError as e:
+            raise EngineError(f"engine {self.id} unreachable: {e!r}") from e
+        if r.status_code != 200:
+            raise EngineError(f"engine {self.id} answered {r.status_code}: {r.text[:300]}")
+        params = r.json().get("kv_transfer_params")
+        if not params:
+            raise EngineError(f"engine {self.id} returned no kv_transfer_params: is it serving with a KV connector?")
+        return params
 
     async def generate(self, req: GenerateRequest) -> GenerateResult:
         t0 = time.perf_counter()
@@ -70,7 +88,8 @@ class VLLMEngine:
                               f"{len(req.prompt_ids)} ids)")
         elapsed = time.perf_counter() - t0
         # The HTTP API does not split prefill from decode; attribute all to decode.
-        return GenerateResult(ids, lps, choice.get("finish_reason") or "stop", version, self.id, 0.0, elapsed)
+        return GenerateResult(ids, lps, choice.get("finish_reason") or "stop", version, self.id, 0.0, elapsed,
+                              kv_transfer_params=r.json().get("kv_transfer_params"))
 
     async def health(self) -> bool:
         try:

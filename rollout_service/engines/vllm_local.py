@@ -182,11 +182,15 @@ def serve_command(
     kv_cache_gib: int = 1,
     cpus: str | None = None,
     chunked_prefill: bool = False,
+    kv_transfer: bool = False,
 ) -> tuple[list[str], dict[str, str]]:
     """argv and the environment variables to add, for a vLLM server on 127.0.0.1:port.
 
     `chunked_prefill=True` is only safe for requests without a `seed`: on CPU a seeded
-    request whose prefill gets split kills the engine (see docs/vllm_notes.md)."""
+    request whose prefill gets split kills the engine (see docs/vllm_notes.md).
+    `kv_transfer=True` adds NixlConnector (needs `nixl` in the venv: `ensure_nixl()`), so the
+    server can take either side of a prefill -> decode hand-over; its side channel listens
+    on `kv_side_channel_port(port)`."""
     argv = [
         str(venv_python()), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model_dir),
@@ -214,6 +218,11 @@ def serve_command(
             "--no-enable-chunked-prefill",
             "--max-num-batched-tokens", str(max(max_model_len, 2048)),
         ]
+    if kv_transfer:
+        # kv_both: every engine can prefill for others or decode from others, so a role is
+        # only a routing decision and switching it needs no restart.
+        argv += ["--kv-transfer-config", json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both",
+                                                     "kv_buffer_device": "cpu"})]
     argv += extra_args
     env = {
         # Only vLLM's in-process engine (the `LLM` class) reads this; the API server still
@@ -231,7 +240,21 @@ def serve_command(
         "VLLM_CACHE_ROOT": str(cache_dir() / "vllm-runtime"),
         "PYTHONUNBUFFERED": "1",
     }
+    if kv_transfer:
+        env |= {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(kv_side_channel_port(port))}
     return argv, env
+
+
+def kv_side_channel_port(port: int) -> int:
+    """Where NixlConnector's side channel listens, derived from the API port (must differ)."""
+    return port + 10_000 if port < 55_000 else port - 10_000
+
+
+def ensure_nixl(progress: Progress = print) -> None:
+    """Install `nixl` (KV transfer for prefill/decode disaggregation) into the venv, once."""
+    py = ensure_venv(progress)
+    if subprocess.run([str(py), "-c", "import nixl"], capture_output=True).returncode != 0:
+        _run([str(py), "-m", "pip", "install", "--progress-bar", "off", "nixl"], progress)
 
 
 def start_server(

@@ -7,6 +7,7 @@ from rollout_service.protocol import (
     ApiKeyCreate,
     ApiKeyCreated,
     EngineInfo,
+    EngineRoleUpdate,
     ErrorResponse,
     WeightUpdate,
     WeightUpdateResult,
@@ -37,6 +38,16 @@ async def register_engine(request: Request, body: EngineInfo) -> EngineInfo:
     """Register (or update) an engine; workers pick it up within seconds."""
     await request.app.state.registry.add_engine(body)
     return body
+
+
+@router.put("/engines/{engine_id}/role", response_model=EngineInfo)
+async def set_engine_role(request: Request, engine_id: str, body: EngineRoleUpdate) -> EngineInfo:
+    """Make an engine take prefills, decodes, or both. Workers follow within seconds; every
+    engine must serve with a KV connector for a prefill/decode split to work."""
+    try:
+        return await request.app.state.registry.set_role(engine_id, body.role)
+    except KeyError:
+        raise NotFound(f"no engine {engine_id!r}") from None
 
 
 @router.delete("/engines/{engine_id}")

@@ -88,3 +88,51 @@ def test_sticky_then_least_loaded():
     r.forget("t1")
     assert r.pick("t1", {"a": 1, "b": 2}) == "a"
     assert r.pick("t3", {"b": 1}) == "b"  # a vanished engine is never picked
+
+
+async def test_prefill_decode_split_hands_kv_over_and_matches_colocated(redis, keys, gateway):
+    """Roles through the API; the decode engine receives the KV; tokens equal a colocated
+    run's at temperature 0; then the roles switch and it runs the other way."""
+    from rollout_service.engines.sim import SimEngine
+    from rollout_service.engines.sim_server import create_app as sim_app
+    from tests.conftest import LiveServer
+
+    servers = [LiveServer(sim_app(SimEngine(f"e{i}", seed=7))) for i in range(2)]
+    reg = Registry(redis, keys)
+    try:
+        for i, srv in enumerate(servers):
+            srv.__enter__()
+            await reg.add_engine(EngineInfo(id=f"e{i}", url=srv.url))
+
+        async def episode(tid):
+            fleet = Fleet(registry=reg, refresh_s=0)
+            params = RolloutRequest(tasks=[{}], env="calc", max_turns=3,
+                                    sampling={"temperature": 0.0, "max_tokens": 64})
+            traj = await run_episode(Work(tid, "t", 0, 0, {"seed": 5}, params), fleet, LocalEnvs())
+            await fleet.aclose()
+            return traj
+
+        def external(i):
+            text = httpx.get(f"{servers[i].url}/metrics").text
+            return float([ln for ln in text.splitlines() if "external_kv_transfer" in ln][0].split()[-1])
+
+        colocated = await episode("same")
+        with httpx.Client(base_url=gateway.url) as c:
+            assert c.put("/v1/engines/e0/role", json={"role": "prefill"}).json()["role"] == "prefill"
+            c.put("/v1/engines/e1/role", json={"role": "decode"})
+        split = await episode("same")
+        assert split.token_ids == colocated.token_ids and len(split.turns) >= 2
+        assert all(t.engine_id == "e1" for t in split.turns) and external(1) > 0 and external(0) == 0
+
+        with httpx.Client(base_url=gateway.url) as c:  # switch roles: no restart needed
+            c.put("/v1/engines/e0/role", json={"role": "decode"})
+            c.put("/v1/engines/e1/role", json={"role": "prefill"})
+        switched = await episode("same")
+        assert switched.token_ids == colocated.token_ids
+        assert all(t.engine_id == "e0" for t in switched.turns) and external(0) > 0
+        with httpx.Client(base_url=gateway.url) as c:
+            assert c.put("/v1/engines/nope/role", json={"role": "decode"}).status_code == 404
+            assert c.put("/v1/engines/e0/role", json={"role": "both"}).status_code == 422
+    finally:
+        for srv in servers:
+            srv.__exit__(None, None, None)
