@@ -2,6 +2,10 @@
 
     from env_workers.registry import make
     env = make("calc")
+    env = make("swe", resources=pools.claims(session_id))   # an env that uses sandboxes
+
+An `EnvSpec` lists the resource specs its environment may acquire (`resources`): the env
+worker pre-warms those pools, and hands such an environment a per-episode `Claims`.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ class EnvSpec:
     factory: Callable[[], Env]
     description: str
     example_tasks: list[dict[str, Any]] = field(default_factory=list)
+    resources: tuple[Any, ...] = ()  # ResourceSpecs it may acquire; then factory(resources=Claims)
 
 
 _REGISTRY: dict[str, EnvSpec] = {}
@@ -38,8 +43,13 @@ def spec(name: str) -> EnvSpec:
         raise KeyError(f"unknown environment {name!r}; known: {', '.join(sorted(_REGISTRY))}") from None
 
 
-def make(name: str) -> Env:
-    return spec(name).factory()
+def make(name: str, resources: Any = None) -> Env:
+    """`resources`: the episode's `scheduler.resources.Claims`; without one, an environment
+    that needs sandboxes uses the process-wide default pools."""
+    s = spec(name)
+    if s.resources and resources is not None:
+        return s.factory(resources=resources)
+    return s.factory()
 
 
 def names() -> list[str]:

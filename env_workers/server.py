@@ -6,7 +6,11 @@
     GET    /v1/envs, /healthz
 
 Sessions are bounded (`max_sessions`, then 429) and an idle session is closed after
-`idle_s`. When given a Redis, the worker registers itself and heartbeats, so rollout
+`idle_s`. The worker owns the resource pools (`scheduler/resources.py`): it pre-warms the
+pools its environments declare, hands each session a `Claims` under the session's id, and
+releases whatever the session still holds when it is deleted or expires. A sandbox that
+could not be had answers 503 `sandbox_unavailable` (another infrastructure trouble of the
+environment: 503 `env_unavailable`); the client raises `SandboxUnavailable`/`EnvUnavailable`. When given a Redis, the worker registers itself and heartbeats, so rollout
 workers find it; a worker that stops heartbeating drops out of rotation.
 """
 
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -22,14 +27,19 @@ from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
 from env_workers import registry
-from env_workers.env import Env, EnvError
+from env_workers.env import Env, EnvError, EnvUnavailable, SandboxUnavailable
+from env_workers.envs import judge
 from rollout_service import errors
 from rollout_service.errors import ApiError, NotFound, Overloaded
 from rollout_service.protocol import EnvAction, EnvOpen, EnvOpened, EnvStepped, WorkerInfo
+from scheduler.resources import PoolSize, Pools
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
 class Session:
+    id: str
     env: Env
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_used: float = field(default_factory=time.monotonic)
@@ -39,18 +49,54 @@ class EnvError422(ApiError):
     status, code = 422, "env_error"
 
 
-def create_app(max_sessions: int = 1024, idle_s: float = 600.0, registration=None) -> FastAPI:
-    """`registration`: optional (redis, keys, WorkerInfo) to announce this worker."""
+class EnvUnavailable503(ApiError):
+    status, code = 503, "env_unavailable"
+
+
+class SandboxUnavailable503(ApiError):
+    status, code = 503, "sandbox_unavailable"
+
+
+def _api_error(e: Exception) -> ApiError:
+    if isinstance(e, SandboxUnavailable):
+        return SandboxUnavailable503(str(e))
+    if isinstance(e, EnvUnavailable):
+        return EnvUnavailable503(str(e))
+    return EnvError422(str(e))
+
+
+# Each env worker keeps a couple of sandboxes per declared spec warm and at most 64 alive;
+# a tool call waits at most 30 s for one (then the episode fails with kind `sandbox`).
+DEFAULT_POOL = PoolSize(warm=2, cap=64, wait_s=30.0)
+
+
+def create_app(max_sessions: int = 1024, idle_s: float = 600.0, registration=None, pools: Pools | None = None,
+               pool_size: PoolSize = DEFAULT_POOL) -> FastAPI:
+    """`registration`: optional (redis, keys, WorkerInfo) to announce this worker. `pools`:
+    resource pools to use (and leave open); by default the app owns its own, sized `pool_size`."""
     sessions: dict[str, Session] = {}
+    owned = pools is None
+    pools = pools if pools is not None else Pools(pool_size)
+
+    def close_session(sess: Session) -> None:
+        try:
+            sess.env.close()
+        except Exception:  # noqa: BLE001 - the resources must be released anyway
+            log.exception("closing session %s", sess.id)
+        try:
+            pools.release(sess.id)
+        except Exception:  # noqa: BLE001
+            log.exception("releasing the resources of session %s", sess.id)
 
     async def reap_idle() -> None:
         while True:
             await asyncio.sleep(min(idle_s, 30.0))
             now = time.monotonic()
-            for sid in [s for s, v in sessions.items() if now - v.last_used > idle_s]:
+            # A session in the middle of a step is not idle, however long the step takes.
+            for sid in [s for s, v in sessions.items() if now - v.last_used > idle_s and not v.lock.locked()]:
                 sess = sessions.pop(sid, None)
                 if sess:
-                    await run_in_threadpool(sess.env.close)
+                    await run_in_threadpool(close_session, sess)
 
     async def heartbeat() -> None:
         r, keys, info = registration
@@ -61,6 +107,9 @@ def create_app(max_sessions: int = 1024, idle_s: float = 600.0, registration=Non
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
+        for name in registry.names():
+            for rs in registry.spec(name).resources:
+                pools.prewarm(rs)
         tasks = [asyncio.create_task(reap_idle())]
         if registration is not None:
             tasks.append(asyncio.create_task(heartbeat()))
@@ -72,15 +121,18 @@ def create_app(max_sessions: int = 1024, idle_s: float = 600.0, registration=Non
             with contextlib.suppress(Exception):
                 await r.hdel(keys.workers, info.id)
                 await r.delete(keys.worker_alive(info.id))
-        for sess in sessions.values():
-            sess.env.close()
+        for sess in list(sessions.values()):
+            await run_in_threadpool(close_session, sess)
+        sessions.clear()
+        if owned:
+            await run_in_threadpool(pools.close)
 
     app = FastAPI(title="rollout-service env worker", lifespan=lifespan)
     errors.install(app)
 
     @app.get("/healthz")
     async def healthz() -> dict:
-        return {"ok": True, "sessions": len(sessions)}
+        return {"ok": True, "sessions": len(sessions), "resources": pools.stats()}
 
     @app.get("/v1/envs")
     async def envs() -> dict:
@@ -92,13 +144,14 @@ def create_app(max_sessions: int = 1024, idle_s: float = 600.0, registration=Non
             raise NotFound(f"unknown environment {body.env!r}", {"known": registry.names()})
         if len(sessions) >= max_sessions:
             raise Overloaded(f"env worker at its limit of {max_sessions} sessions")
-        env = registry.make(body.env)
-        try:
-            obs, info = await run_in_threadpool(env.reset, body.task, body.seed)
-        except EnvError as e:
-            raise EnvError422(str(e)) from e
         sid = uuid.uuid4().hex
-        sessions[sid] = Session(env)
+        sess = Session(sid, registry.make(body.env, resources=pools.claims(sid)))
+        try:
+            obs, info = await run_in_threadpool(sess.env.reset, body.task, body.seed)
+        except (EnvError, EnvUnavailable) as e:
+            await run_in_threadpool(close_session, sess)
+            raise _api_error(e) from e
+        sessions[sid] = sess
         return EnvOpened(session_id=sid, observation=obs, info=info)
 
     @app.post("/v1/sessions/{sid}/step", response_model=EnvStepped)
@@ -110,8 +163,10 @@ def create_app(max_sessions: int = 1024, idle_s: float = 600.0, registration=Non
             sess.last_used = time.monotonic()
             try:
                 r = await run_in_threadpool(sess.env.step, body.action)
-            except EnvError as e:
-                raise EnvError422(str(e)) from e
+            except (EnvError, EnvUnavailable) as e:
+                raise _api_error(e) from e
+            finally:
+                sess.last_used = time.monotonic()
         return EnvStepped(observation=r.observation, reward=r.reward, terminated=r.terminated,
                           truncated=r.truncated, info=r.info)
 
@@ -120,7 +175,7 @@ def create_app(max_sessions: int = 1024, idle_s: float = 600.0, registration=Non
         sess = sessions.pop(sid, None)
         if sess is None:
             raise NotFound(f"no session {sid!r}")
-        await run_in_threadpool(sess.env.close)
+        await run_in_threadpool(close_session, sess)
         return {"closed": sid}
 
     return app
@@ -139,4 +194,5 @@ def serve(host: str, port: int, redis_url: str | None, prefix: str, worker_id: s
         info = WorkerInfo(id=worker_id or f"env-{host}-{port}", url=advertise or f"http://{host}:{port}",
                           envs=registry.names())
         registration = (aioredis.from_url(redis_url), Keys(prefix), info)
+        judge.configure(judge.EngineJudge(redis_url, prefix))  # the `judge` env asks the fleet
     uvicorn.run(create_app(registration=registration), host=host, port=port, log_level="warning")

@@ -1,0 +1,191 @@
+"""`textworld`: a procedurally generated household text game (in the spirit of ALFWorld).
+
+A seed builds a house (3-4 rooms joined as a tree), fills rooms with receptacles (some of
+them closed: open them to see inside) and objects, and sets a goal: put an object in or on
+a receptacle, possibly after cleaning it in the kitchen sink. The model plays with one
+command per turn:
+
+    look | inventory | go <room> | open <receptacle> | close <receptacle> | examine <receptacle>
+    take <object> | put <object> in <receptacle> | clean <object> with sink
+
+It can carry one object. Reward is sparse: 1.0 the turn the goal holds (the episode ends),
+else 0; after `max_steps` commands the episode is truncated.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from env_workers.env import EnvError, StepResult
+from env_workers.registry import EnvSpec, register
+from rollout_service.protocol import Message
+
+# room -> receptacles (name, starts closed)
+_ROOMS = {
+    "kitchen": [("fridge", True), ("cabinet", True), ("countertop", False), ("sink", False), ("microwave", True)],
+    "living room": [("sofa", False), ("coffee table", False), ("shelf", False)],
+    "bedroom": [("bed", False), ("drawer", True), ("desk", False)],
+    "bathroom": [("bathtub", False), ("towel rack", False), ("medicine cabinet", True)],
+    "office": [("bookcase", False), ("filing cabinet", True), ("armchair", False)],
+    "garage": [("workbench", False), ("toolbox", True)],
+}
+_OBJECTS = ["mug", "apple", "book", "key", "remote", "towel", "plate", "pen", "soap", "bowl", "candle", "spoon"]
+_CLEANABLE = {"mug", "apple", "plate", "bowl", "spoon"}
+SYSTEM = (
+    "You are in a house. Reach the goal by typing one command per turn, exactly one of:\n"
+    "look | inventory | go <room> | open <receptacle> | close <receptacle> | examine <receptacle> | "
+    "take <object> | put <object> in <receptacle> | clean <object> with sink\n"
+    "You can carry one object. Closed receptacles must be opened before you can see or use what is inside. "
+    "Reply with the command only, e.g. 'go kitchen' or 'put mug in cabinet'."
+)
+
+
+@dataclass(slots=True)
+class World:
+    rooms: dict[str, list[str]]                  # room -> receptacles
+    exits: dict[str, list[str]]                  # room -> adjacent rooms
+    where: dict[str, str]                        # receptacle -> room
+    closed: set[str]
+    contents: dict[str, list[str]]               # receptacle -> objects
+    here: str
+    holding: str | None = None
+    clean: set[str] = field(default_factory=set)
+    goal: tuple[str, str, bool] = ("", "", False)  # object, receptacle, must be clean
+
+    def goal_text(self) -> str:
+        obj, rec, clean = self.goal
+        return f"Your task is to: put a {'clean ' if clean else ''}{obj} in the {rec}."
+
+    def done(self) -> bool:
+        obj, rec, clean = self.goal
+        return obj in self.contents[rec] and (not clean or obj in self.clean)
+
+
+def generate(seed: int) -> World:
+    rng = random.Random(seed)
+    names = ["kitchen"] + rng.sample(sorted(set(_ROOMS) - {"kitchen"}), rng.randint(2, 3))
+    rng.shuffle(names)
+    exits: dict[str, list[str]] = {r: [] for r in names}
+    for i, r in enumerate(names[1:], 1):
+        other = names[rng.randrange(i)]
+        exits[r].append(other)
+        exits[other].append(r)
+    rooms = {r: [n for n, _ in _ROOMS[r]] for r in names}
+    where = {rec: r for r, recs in rooms.items() for rec in recs}
+    closed = {n for r in names for n, c in _ROOMS[r] if c}
+    contents: dict[str, list[str]] = {rec: [] for rec in where}
+    placeable = sorted(rec for rec in where if rec != "sink")
+    for obj in rng.sample(_OBJECTS, 6):
+        contents[rng.choice(placeable)].append(obj)
+    w = World(rooms, {r: sorted(e) for r, e in exits.items()}, where, closed, contents, here=rng.choice(names))
+    objs = sorted(o for rec in placeable for o in contents[rec])
+    obj = rng.choice(objs)
+    start = next(rec for rec in placeable if obj in contents[rec])
+    target = rng.choice([rec for rec in placeable if rec != start])
+    w.goal = (obj, target, obj in _CLEANABLE and rng.random() < 0.5)
+    return w
+
+
+def _visible(w: World, rec: str) -> str:
+    if rec in w.closed:
+        return f"The {rec} is closed."
+    items = w.contents[rec]
+    return f"On/in the {rec} you see: {', '.join(items)}." if items else f"The {rec} is empty."
+
+
+def describe(w: World) -> str:
+    recs = ", ".join(w.rooms[w.here])
+    return f"You are in the {w.here}. You see: {recs}. Exits: {', '.join(w.exits[w.here])}."
+
+
+class TextWorldEnv:
+    def __init__(self, max_steps: int = 40) -> None:
+        self.max_steps = max_steps
+        self._w: World | None = None
+        self._steps, self._done = 0, True
+
+    def reset(self, task: dict[str, Any], seed: int | None = None) -> tuple[list[Message], dict[str, Any]]:
+        if "seed" not in task:
+            raise EnvError("a textworld task needs 'seed'")
+        self._w = generate(int(task["seed"]))
+        self._steps, self._done = 0, False
+        intro = f"{describe(self._w)}\n{self._w.goal_text()}"
+        return [Message(role="system", content=SYSTEM), Message(role="user", content=intro)], {"goal": list(self._w.goal)}
+
+    def step(self, action: str) -> StepResult:
+        if self._done:
+            raise EnvError("step() after the episode ended; call reset()")
+        self._steps += 1
+        text = self.command(action.strip().splitlines()[0] if action.strip() else "")
+        w = self._w
+        if w.done():
+            self._done = True
+            return StepResult([Message(role="user", content=text + " You have completed the task!")], 1.0, True, False,
+                              {"steps": self._steps, "won": True})
+        self._done = self._steps >= self.max_steps
+        return StepResult([Message(role="user", content=text)], 0.0, False, self._done, {"steps": self._steps})
+
+    def command(self, cmd: str) -> str:
+        w = self._w
+        c = re.sub(r"\s+", " ", cmd.lower().strip(" .!'\"`"))
+        in_room = w.rooms[w.here]
+        if c in ("look", "l"):
+            return describe(w)
+        if c in ("inventory", "i"):
+            return f"You are carrying: {w.holding}." if w.holding else "You are carrying nothing."
+        if m := re.fullmatch(r"go (?:to )?(?:the )?(.+)", c):
+            room = m.group(1)
+            if room not in w.exits[w.here]:
+                return f"You can't go to '{room}' from here. Exits: {', '.join(w.exits[w.here])}."
+            w.here = room
+            return describe(w)
+        if m := re.fullmatch(r"(open|close|examine) (?:the )?(.+)", c):
+            verb, rec = m.groups()
+            if rec not in in_room:
+                return f"There is no {rec} here."
+            if verb == "examine":
+                return _visible(w, rec)
+            if not any(n == rec and can for n, can in _ROOMS[w.here]):
+                return f"The {rec} cannot be {verb}d."
+            (w.closed.add if verb == "close" else w.closed.discard)(rec)
+            return f"You {verb} the {rec}. " + (_visible(w, rec) if verb == "open" else "")
+        if m := re.fullmatch(r"take (?:the )?(.+?)(?: from (?:the )?.+)?", c):
+            obj = m.group(1)
+            if w.holding:
+                return f"You are already carrying the {w.holding}."
+            src = next((r for r in in_room if r not in w.closed and obj in w.contents[r]), None)
+            if src is None:
+                return f"You don't see a {obj} you can reach here."
+            w.contents[src].remove(obj)
+            w.holding = obj
+            return f"You take the {obj} from the {src}."
+        if m := re.fullmatch(r"put (?:the )?(.+?) (?:in|on|into|onto) (?:the )?(.+)", c):
+            obj, rec = m.groups()
+            if w.holding != obj:
+                return f"You are not carrying a {obj}."
+            if rec not in in_room:
+                return f"There is no {rec} here."
+            if rec in w.closed:
+                return f"The {rec} is closed."
+            w.contents[rec].append(obj)
+            w.holding = None
+            return f"You put the {obj} in the {rec}."
+        if m := re.fullmatch(r"clean (?:the )?(.+?) (?:with|in) (?:the )?sink", c):
+            obj = m.group(1)
+            if w.holding != obj:
+                return f"You are not carrying a {obj}."
+            if "sink" not in in_room:
+                return "There is no sink here."
+            w.clean.add(obj)
+            return f"You clean the {obj} in the sink."
+        return "Unknown command. Commands: " + SYSTEM.split("\n")[1]
+
+    def close(self) -> None:
+        self._done = True
+
+
+register(EnvSpec("textworld", TextWorldEnv, "household text game: rooms, receptacles, objects; sparse success reward",
+                 example_tasks=[{"seed": 0}, {"seed": 11}]))
