@@ -1,16 +1,22 @@
-"""What a sandbox costs: cold start, and a trivial bash tool call, p50/p99, per backend.
+"""What a sandbox costs: cold start, and a trivial bash tool call, p50/p99, per backend;
+then, for bwrap, a first tool call from the warm pool vs cold, and env steps/s.
 
 Baseline in the same run: the same trivial command as a plain host subprocess (no sandbox).
 For each backend it measures
   - cold start: create the sandbox and run `true` in it (what a trajectory's first tool call pays),
   - bash call: `echo hi` through a warm `BashSession` (what every later tool call pays),
-and prints one line per figure plus the ratio to the baseline, then writes JSON.
+and prints one line per figure plus the ratio to the baseline. For bwrap it then measures
+  - pool start: acquire a sandbox through `scheduler.resources.Pools` and run the first bash
+    call, from a pre-warmed pool (bash already running) vs an empty one (created on demand),
+  - env steps/s: N concurrent `swe` trajectories (threads, as the env worker runs them), each
+    a full episode (run the tests, fix the bug, submit: 3 steps, 3 bash/tool calls, 2 test runs),
+    for each N in --concurrency; baseline N = 1 in the same run,
+and writes JSON.
 
-    python benchmarks/sandbox.py --n 40 --backends bwrap,docker
+    python benchmarks/sandbox.py --n 40 --backends bwrap,docker --concurrency 1,8,32
 
 The docker backend uses ROLLOUT_DOCKER_URL if set, else starts podman's Docker API service
-for the run (see env_workers/sandbox/podman.py). Warm-pool start is not measured yet: the
-typed resource pools (scheduler/resources.py) do not exist.
+for the run (see env_workers/sandbox/podman.py).
 """
 
 from __future__ import annotations
@@ -26,8 +32,12 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
+from concurrent.futures import ThreadPoolExecutor
+
 from env_workers.sandbox import Limits
+from env_workers.sandbox.pool import SandboxSpec
 from env_workers.tools import BashSession
+from scheduler.resources import PoolSize, Pools
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -72,12 +82,70 @@ def measure(make, n: int, calls: int) -> dict[str, list[float]]:
     return {"cold_start": cold, "bash_call": call}
 
 
+def pool_start(n: int, warm: bool) -> list[float]:
+    """First tool call of a trajectory through the pools: acquire + `true` in bash."""
+    spec = SandboxSpec(Limits(timeout_s=30))
+    pools = Pools(PoolSize(warm=2 if warm else 0, cap=8, wait_s=30))
+    out = []
+    try:
+        for i in range(n):
+            if warm:  # measure a warm hit: let the background refill finish first
+                pools.prewarm(spec)
+                deadline = time.monotonic() + 30
+                while pools.pool(spec).stats()["idle"] < 2 and time.monotonic() < deadline:
+                    time.sleep(0.005)
+            t0 = time.perf_counter()
+            box = pools.acquire(f"t{i}", spec)
+            r = box.tools.call("bash", command="true")
+            out.append(time.perf_counter() - t0)
+            assert r.failure is None, r.text
+            pools.release(f"t{i}")
+    finally:
+        pools.close()
+    return out
+
+
+def swe_episode(seed: int, claims) -> int:
+    """One solved `swe` episode; returns the steps taken."""
+    from env_workers.envs.swe import _BANK, SweEnv
+
+    env = SweEnv(resources=claims)
+    env.reset({"seed": seed})
+    repo = env._repo
+    old, new = next(b for _s, _t, bugs in _BANK.values() for fn, b, _ in bugs if fn == repo["function"])
+    path = repo["module"].replace(".", "/") + ".py"
+    steps = [env.step("```bash\npython3 -m unittest 2>&1 | tail -1\n```"),
+             env.step(f"```replace {path}\n{new}\n=======\n{old}\n```"), env.step("submit")]
+    env.close()
+    assert steps[-1].reward == 1.0, steps[-1].observation
+    return len(steps)
+
+
+def env_steps(concurrency: int, episodes: int) -> dict:
+    from env_workers.envs.swe import SPEC
+
+    pools = Pools(PoolSize(warm=min(concurrency, 8), cap=concurrency + 8, wait_s=120))
+    pools.prewarm(SPEC)
+    time.sleep(1.0)  # let the warm set fill, as a running env worker's would be
+    try:
+        with ThreadPoolExecutor(concurrency) as ex:
+            t0 = time.perf_counter()
+            steps = sum(ex.map(lambda i: swe_episode(i, pools.claims(f"ep{i}")), range(episodes)))
+            wall = time.perf_counter() - t0
+    finally:
+        pools.close()
+    return {"concurrency": concurrency, "episodes": episodes, "steps": steps, "wall_s": wall,
+            "steps_per_s": steps / wall, "episodes_per_s": episodes / wall}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=40, help="sandboxes started per backend")
     ap.add_argument("--calls", type=int, default=200, help="bash tool calls per backend")
     ap.add_argument("--backends", default="bwrap,docker")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--concurrency", default="1,8,32", help="concurrent swe trajectories for env steps/s (bwrap)")
+    ap.add_argument("--episodes", type=int, default=2, help="episodes per concurrent trajectory (at least 8 in all)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "sandbox.json"))
     a = ap.parse_args()
     random.seed(a.seed)  # nothing random is drawn today; kept so later figures stay reproducible
@@ -117,6 +185,20 @@ def main() -> None:
             for name, s in figures.items():
                 print(f"{backend} {name.replace('_', ' ')}: p50 {s['p50_ms']:.1f} ms  p99 {s['p99_ms']:.1f} ms  "
                       f"({s['p50_ms'] / base:.2f}x a host subprocess)")
+    if "bwrap" in a.backends.split(","):
+        warm, cold = summary(pool_start(a.n, warm=True)), summary(pool_start(a.n, warm=False))
+        results["bwrap"]["pool_start_warm"], results["bwrap"]["pool_start_cold"] = warm, cold
+        print(f"bwrap first tool call from the warm pool: p50 {warm['p50_ms']:.1f} ms  p99 {warm['p99_ms']:.1f} ms  "
+              f"(cold, empty pool: p50 {cold['p50_ms']:.1f} ms  p99 {cold['p99_ms']:.1f} ms; "
+              f"warm/cold p50 {warm['p50_ms'] / cold['p50_ms']:.2f}x)")
+        runs = []
+        for n in (int(x) for x in a.concurrency.split(",")):
+            runs.append(env_steps(n, max(8, n * a.episodes)))
+            base_rate = runs[0]["steps_per_s"]
+            print(f"swe env steps/s with {n} concurrent trajectories (bwrap): {runs[-1]['steps_per_s']:.1f} "
+                  f"({runs[-1]['episodes']} episodes in {runs[-1]['wall_s']:.1f} s; "
+                  f"{runs[-1]['steps_per_s'] / base_rate:.2f}x N={runs[0]['concurrency']})")
+        results["swe_env_steps"] = runs
     results["args"] = vars(a)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(results, indent=2))
