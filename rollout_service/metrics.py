@@ -6,6 +6,7 @@ number of gateways report the same truth; counters of finished work live in Redi
     rollout_failures_total{kind}                                counter
     rollout_tokens_total{kind="sampled"|"prompt"}               counter (rate() = tokens/s)
     rollout_engine_inflight_tokens{engine,role}, rollout_engine_up{engine,role}
+    rollout_trajectory_phase{phase}, rollout_forecast_tokens{kind="prefill_tokens"|"decode_tokens"}
     rollout_env_workers, rollout_batches_submitted_total, rollout_http_requests_total{route,status}
 """
 
@@ -27,6 +28,7 @@ class Snapshot:
     stats: dict[str, int] = field(default_factory=dict)
     engines: list[tuple[str, str, int, bool]] = field(default_factory=list)  # id, role, in-flight, up
     workers: int = 0
+    phases: dict[str, int] = field(default_factory=dict)  # phase:{name} and forecast:{kind}, all workers
 
 
 class _RedisCollector:
@@ -59,6 +61,15 @@ class _RedisCollector:
         yield inflight
         yield up
         yield GaugeMetricFamily("rollout_engines", "Registered engines", value=len(s.engines))
+        phase = GaugeMetricFamily("rollout_trajectory_phase", "Live trajectories by lifecycle phase",
+                                  labels=["phase"])
+        forecast = GaugeMetricFamily("rollout_forecast_tokens", "Forecast engine demand over the next seconds",
+                                     labels=["kind"])
+        for key, n in sorted(s.phases.items()):
+            what, _, label = key.partition(":")
+            (phase if what == "phase" else forecast).add_metric([label], n)
+        yield phase
+        yield forecast
         yield GaugeMetricFamily("rollout_env_workers", "Live env workers", value=s.workers)
 
 
@@ -78,7 +89,7 @@ class Metrics:
         loads = await registry.engine_loads([e.id for e in engines])
         return Snapshot(depth=await queue.depth(), running=await queue.running(), stats=stats,
                         engines=[(e.id, e.role, *loads[e.id]) for e in engines],
-                        workers=len(await registry.workers()))
+                        workers=len(await registry.workers()), phases=await registry.phases())
 
     async def render(self, queue: Queue, registry: Registry) -> bytes:
         self._redis.snap = await self.snapshot(queue, registry)

@@ -22,6 +22,7 @@ from rollout_service.engines.base import EngineError, GenerateRequest
 from rollout_service.engines.fleet import Fleet
 from rollout_service.protocol import Failure, FailureKind, Message, Trajectory, TrajectoryState, Turn, TurnTimings
 from rollout_service.tokens import ChatTokens, TemplateDriftError
+from scheduler.lifecycle import Lifecycle
 from scheduler.store import Work
 
 
@@ -33,18 +34,22 @@ def _turn_seed(base: int | None, work: Work, turn: int) -> int | None:
     return int.from_bytes(h[:4], "little")
 
 
-async def run_episode(work: Work, fleet: Fleet, envs: EnvBackend, attempt: int = 1) -> Trajectory:
+async def run_episode(work: Work, fleet: Fleet, envs: EnvBackend, attempt: int = 1,
+                      lifecycle: Lifecycle | None = None) -> Trajectory:
+    """`lifecycle`, when given, is told every phase change (prefill, tool, done) for the
+    scheduler's forecaster."""
     p = work.params
     traj = Trajectory(id=work.trajectory_id, batch_id=work.batch_id, group_index=work.group_index,
                       sample_index=work.sample_index, env=p.env, task=work.task, state=TrajectoryState.running,
                       attempts=attempt)
     t0 = time.monotonic()
+    lc = lifecycle if lifecycle is not None else Lifecycle()  # (an empty one is falsy)
     try:
         if p.deadline_s is not None:
             async with asyncio.timeout(p.deadline_s):
-                await _loop(traj, work, fleet, envs, attempt)
+                await _loop(traj, work, fleet, envs, attempt, lc)
         else:
-            await _loop(traj, work, fleet, envs, attempt)
+            await _loop(traj, work, fleet, envs, attempt, lc)
     except TimeoutError:
         traj.state, traj.failure = TrajectoryState.failed, Failure(
             kind=FailureKind.timeout, message=f"deadline of {p.deadline_s}s active time exceeded")
@@ -57,12 +62,15 @@ async def run_episode(work: Work, fleet: Fleet, envs: EnvBackend, attempt: int =
     finally:
         traj.active_s = time.monotonic() - t0
         fleet.forget(traj.id)
+        if lc.get(traj.id) is not None:
+            lc.on_done(traj.id)
     if traj.state is not TrajectoryState.failed:
         traj.reward = sum(t.reward for t in traj.turns)
     return traj
 
 
-async def _loop(traj: Trajectory, work: Work, fleet: Fleet, envs: EnvBackend, attempt: int) -> None:
+async def _loop(traj: Trajectory, work: Work, fleet: Fleet, envs: EnvBackend, attempt: int,
+                lc: Lifecycle) -> None:
     p = work.params
     handle, opening = await envs.open(p.env, work.task, seed=work.sample_index)
     try:
@@ -72,6 +80,7 @@ async def _loop(traj: Trajectory, work: Work, fleet: Fleet, envs: EnvBackend, at
         context: list[int] = []
         delta = chat.prompt(opening)
         segment = 0
+        lc.on_submit(traj.id, p.env, len(delta))
         for index in range(p.max_turns):
             room = p.max_total_tokens - len(context) - len(delta)
             if room <= 0:
@@ -82,7 +91,9 @@ async def _loop(traj: Trajectory, work: Work, fleet: Fleet, envs: EnvBackend, at
                                                      "seed": _turn_seed(p.sampling.seed, work, index)})
             req = GenerateRequest(context + delta, sampling, f"{traj.id}-{attempt}-{index}", [tok.eos_id])
             t_send = time.monotonic()
+            lc.on_prefill(traj.id, len(delta))
             res = await fleet.generate(traj.id, tok_spec, req)
+            lc.on_tool(traj.id, len(res.output_ids))  # no first-token signal without streaming
             t_gen = time.monotonic() - t_send
             turn = Turn(index=index, prompt_ids=delta, output_ids=res.output_ids, output_logprobs=res.logprobs,
                         finish_reason=res.finish_reason, policy_version=res.policy_version, engine_id=res.engine_id,

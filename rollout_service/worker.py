@@ -15,12 +15,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 
 from env_workers.client import EnvBackend
 from rollout_service.engines.fleet import Fleet
 from rollout_service.protocol import Failure, FailureKind, Trajectory, TrajectoryState
 from rollout_service.rollout import run_episode
+from scheduler.forecast import Forecaster
+from scheduler.lifecycle import Lifecycle
 from scheduler.queue import Claim, LeaseLost, Queue
 from scheduler.store import Store
 
@@ -40,6 +43,9 @@ class Worker:
         self.heartbeat_s = max(queue.lease_s / 3, 0.05)
         self.retry_backoff_s = retry_backoff_s  # doubles per attempt
         self.registry = registry  # where engine loads and health are reported for everyone to see
+        # Every live trajectory's phase, feeding the forecaster of prefill/decode demand.
+        self.forecaster = Forecaster()
+        self.lifecycle = Lifecycle(observers=[self.forecaster])
         self._active: set[asyncio.Task] = set()
         self.finished = 0
 
@@ -87,6 +93,11 @@ class Worker:
                 await self.fleet.probe()
                 if self.registry is not None:
                     await self.registry.report(self.id, self.fleet.loads(), set(self.fleet.down))
+                    d = self.forecaster.forecast(self.lifecycle.live(), time.monotonic())
+                    await self.registry.report_phases(self.id, {
+                        **{f"phase:{ph.value}": n for ph, n in self.lifecycle.counts().items()},
+                        "forecast:prefill_tokens": round(d.prefill_tokens), "forecast:decode_tokens":
+                            round(d.decode_tokens)})
             except Exception:
                 log.exception("engine probe failed")
             await asyncio.sleep(every_s)
@@ -98,7 +109,7 @@ class Worker:
             log.exception("cannot load trajectory", extra={"trajectory_id": claim.trajectory_id})
             await self.queue.complete(claim, _failed_stub(claim, FailureKind.internal, f"cannot load: {e!r}"))
             return
-        episode = asyncio.create_task(run_episode(work, self.fleet, self.envs, claim.attempt))
+        episode = asyncio.create_task(run_episode(work, self.fleet, self.envs, claim.attempt, self.lifecycle))
         cancelled = False
         try:
             while not episode.done():

@@ -14,7 +14,8 @@
     {p}engine:{id}:down           string present while a worker's probe finds the engine down (TTL)
     {p}workers                    hash   env worker id -> WorkerInfo json
     {p}worker:{id}:alive          string present while the env worker heartbeats (TTL)
-    {p}stats                      hash   counters: finished:{state}, failure:{kind}
+    {p}stats                      hash   counters: finished:{state}, failure:{kind}, tokens:{kind}
+    {p}worker:{id}:phases         hash   a rollout worker's live trajectories by phase + forecast (TTL)
     {p}tenant:{t}:batches         zset   a tenant's batch ids -> created at
     {p}apikey:{sha256}            string Principal json for an API key (only its hash is stored)
     {p}session:{sid}              hash   tenant, trajectory json of an OpenAI-compatible session
@@ -80,6 +81,9 @@ class Keys:
 
     def worker_alive(self, wid: str) -> str:
         return f"{self.prefix}worker:{wid}:alive"
+
+    def worker_phases(self, wid: str) -> str:
+        return f"{self.prefix}worker:{wid}:phases"
 
     @property
     def stats(self) -> str:

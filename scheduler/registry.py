@@ -58,6 +58,24 @@ class Registry:
             pipe.set(self.k.engine_down(eid), worker_id, ex=ttl_s)
         await pipe.execute()
 
+    async def report_phases(self, worker_id: str, values: dict[str, int], ttl_s: int = 10) -> None:
+        """A worker's live trajectories by phase and its demand forecast (summed by readers)."""
+        key = self.k.worker_phases(worker_id)
+        pipe = self.r.pipeline(transaction=False)
+        pipe.delete(key)
+        pipe.hset(key, mapping=values)
+        pipe.expire(key, ttl_s)
+        await pipe.execute()
+
+    async def phases(self) -> dict[str, int]:
+        """Live trajectories by phase and forecast demand, over every reporting worker."""
+        out: dict[str, int] = {}
+        async for key in self.r.scan_iter(match=self.k.worker_phases("*"), count=1000):
+            for k, v in (await self.r.hgetall(key)).items():
+                k = k.decode() if isinstance(k, bytes) else k
+                out[k] = out.get(k, 0) + int(v)
+        return out
+
     async def engine_loads(self, engine_ids: list[str]) -> dict[str, tuple[int, bool]]:
         """engine id -> (in-flight tokens summed over workers, up?)"""
         pipe = self.r.pipeline(transaction=False)

@@ -117,10 +117,11 @@ class RunningWorker:
         keys = Keys(s.key_prefix)
         from scheduler.registry import Registry
 
-        fleet = Fleet(registry=Registry(r, keys)) if self.discover else \
+        reg = Registry(r, keys)
+        fleet = Fleet(registry=reg) if self.discover else \
             Fleet(self.engines or {"sim-0": (SimEngine("sim-0", seed=1), "byte")})
         self.worker = Worker(Queue(r, keys, s.lease_s, s.max_attempts), Store(r, keys), fleet,
-                             LocalEnvs(), concurrency=self.concurrency, poll_s=0.01)
+                             LocalEnvs(), concurrency=self.concurrency, poll_s=0.01, registry=reg)
         self.loop, self.stop = asyncio.get_running_loop(), asyncio.Event()
         try:
             await self.worker.run(self.stop)

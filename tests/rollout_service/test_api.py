@@ -147,3 +147,20 @@ def test_status_cli_renders_the_metrics(gateway, settings):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "queue depth" in out.stdout and "completed: 6" in out.stdout and bid[:8] in out.stdout
+
+
+def test_lifecycle_phases_and_forecast_reach_metrics(gateway, settings):
+    from rollout_service.engines.sim import SimEngine
+
+    slow = {"slow": (SimEngine("slow", time_scale=30.0), "byte")}
+    with httpx.Client(base_url=gateway.url) as c, RunningWorker(settings, engines=slow):
+        c.post("/v1/batches", json={**BATCH, "env": "calc"})
+        deadline = time.monotonic() + 20
+        while True:
+            m = c.get("/metrics").text
+            live = [ln for ln in m.splitlines() if ln.startswith("rollout_trajectory_phase{")]
+            if any(ln.endswith(" 6.0") for ln in live if 'phase="prefilling"' in ln or 'phase="tool"' in ln):
+                break
+            assert time.monotonic() < deadline, live
+            time.sleep(0.3)
+        assert 'rollout_forecast_tokens{kind="prefill_tokens"}' in m
