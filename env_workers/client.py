@@ -5,6 +5,8 @@ a 422 from the env (bad task) raises `EnvRejected`."""
 
 from __future__ import annotations
 
+import asyncio
+
 import uuid
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -44,13 +46,16 @@ class EnvBackend(Protocol):
 
 
 class LocalEnvs:
+    """Environments in this process. Their (blocking) calls run in threads, so a sandboxed
+    step never stalls the event loop that heartbeats leases."""
+
     def __init__(self) -> None:
         self._envs: dict[str, Env] = {}
 
     async def open(self, env: str, task: dict[str, Any], seed: int | None) -> tuple[EnvHandle, list[Message]]:
         e = registry.make(env)
         try:
-            obs, _ = e.reset(task, seed)
+            obs, _ = await asyncio.to_thread(e.reset, task, seed)
         except EnvError as err:
             raise EnvRejected(str(err)) from err
         sid = uuid.uuid4().hex
@@ -59,14 +64,14 @@ class LocalEnvs:
 
     async def step(self, h: EnvHandle, action: str) -> StepResult:
         try:
-            return self._envs[h.session_id].step(action)
+            return await asyncio.to_thread(self._envs[h.session_id].step, action)
         except EnvError as err:
             raise EnvRejected(str(err)) from err
 
     async def close(self, h: EnvHandle) -> None:
         e = self._envs.pop(h.session_id, None)
         if e is not None:
-            e.close()
+            await asyncio.to_thread(e.close)
 
 
 class RemoteEnvs:

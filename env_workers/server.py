@@ -182,7 +182,7 @@ def create_app(max_sessions: int = 1024, idle_s: float = 600.0, registration=Non
 
 
 def serve(host: str, port: int, redis_url: str | None, prefix: str, worker_id: str | None = None,
-          advertise: str | None = None) -> None:
+          advertise: str | None = None, pool_size: PoolSize = DEFAULT_POOL) -> None:
     import uvicorn
 
     registration = None
@@ -195,4 +195,5 @@ def serve(host: str, port: int, redis_url: str | None, prefix: str, worker_id: s
                           envs=registry.names())
         registration = (aioredis.from_url(redis_url), Keys(prefix), info)
         judge.configure(judge.EngineJudge(redis_url, prefix))  # the `judge` env asks the fleet
-    uvicorn.run(create_app(registration=registration), host=host, port=port, log_level="warning")
+    uvicorn.run(create_app(registration=registration, pool_size=pool_size), host=host, port=port,
+                log_level="warning")

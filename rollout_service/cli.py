@@ -84,8 +84,11 @@ def cmd_worker(args) -> None:
 def cmd_env_worker(args) -> None:
     from env_workers.server import serve
 
+    from scheduler.resources import PoolSize
+
     s = Settings.from_env()
-    serve(args.host, args.port, s.redis_url, s.key_prefix, args.id, args.advertise)
+    serve(args.host, args.port, s.redis_url, s.key_prefix, args.id, args.advertise,
+          PoolSize(warm=s.sandbox_warm, cap=s.sandbox_cap, wait_s=s.sandbox_wait_s))
 
 
 def cmd_sim_engine(args) -> None:

@@ -17,6 +17,9 @@ class Settings:
     worker_concurrency: int = 32  # trajectories in flight per worker process
     max_request_bytes: int = 32 * 1024 * 1024
     sse_block_ms: int = 1000
+    sandbox_warm: int = 2  # env worker: idle sandboxes kept ready per spec
+    sandbox_cap: int = 64  # env worker: most sandboxes of one spec alive at once
+    sandbox_wait_s: float = 30.0  # env worker: longest wait for a sandbox at the cap, then a clear error
     auth: bool = False  # on by itself when admin_key is set
     admin_key: str = ""  # bootstrap admin key, registered (hashed) at gateway start
 

@@ -18,6 +18,7 @@ import hashlib
 import time
 
 from env_workers.client import EnvBackend, EnvRejected, EnvUnavailable
+from env_workers.env import SandboxUnavailable
 from rollout_service.engines.base import EngineError, GenerateRequest
 from rollout_service.engines.fleet import Fleet
 from rollout_service.protocol import Failure, FailureKind, Message, Trajectory, TrajectoryState, Turn, TurnTimings
@@ -55,6 +56,8 @@ async def run_episode(work: Work, fleet: Fleet, envs: EnvBackend, attempt: int =
             kind=FailureKind.timeout, message=f"deadline of {p.deadline_s}s active time exceeded")
     except EngineError as e:
         traj.state, traj.failure = TrajectoryState.failed, Failure(kind=FailureKind.engine, message=str(e))
+    except SandboxUnavailable as e:  # before EnvUnavailable, its base class
+        traj.state, traj.failure = TrajectoryState.failed, Failure(kind=FailureKind.sandbox, message=str(e))
     except (EnvUnavailable, EnvRejected) as e:
         traj.state, traj.failure = TrajectoryState.failed, Failure(kind=FailureKind.env, message=str(e))
     except TemplateDriftError as e:

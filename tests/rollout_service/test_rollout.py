@@ -152,3 +152,30 @@ async def test_each_sample_is_exactly_what_the_engine_saw(mode, segments):
     if segments > 1:
         with pytest.raises(ValueError, match="samples"):
             traj.token_ids
+
+
+class NoSandbox:
+    """An environment whose sandbox cannot be had."""
+
+    def reset(self, task, seed=None):
+        from rollout_service.protocol import Message
+
+        return [Message(role="user", content="run it")], {}
+
+    def step(self, action):
+        from env_workers.env import SandboxUnavailable
+
+        raise SandboxUnavailable("pool exhausted after 30 s")
+
+    def close(self):
+        pass
+
+
+async def test_sandbox_trouble_is_a_sandbox_failure():
+    from env_workers.registry import EnvSpec, names, register
+
+    if "no_sandbox" not in names():
+        register(EnvSpec("no_sandbox", NoSandbox, "test: sandbox never available", example_tasks=[{}]))
+    traj = await run_episode(work(env="no_sandbox", task={}), fleet(SimEngine()), LocalEnvs())
+    assert traj.state is TrajectoryState.failed and traj.failure.kind is FailureKind.sandbox
+    assert "pool exhausted" in traj.failure.message and traj.failure.maskable
