@@ -103,6 +103,17 @@ def create_app(max_sessions: int = 1024, idle_s: float = 600.0, registration=Non
         while True:
             await r.hset(keys.workers, info.id, info.model_dump_json())
             await r.set(keys.worker_alive(info.id), "1", ex=10)
+            use: dict[str, int] = {}  # pool use by resource kind, for the gateway's /metrics
+            for name, st in pools.stats().items():
+                for state, n in st.items():
+                    key = f"{name.split(':', 1)[0]}:{state}"
+                    use[key] = use.get(key, 0) + n
+            pipe = r.pipeline(transaction=False)
+            pipe.delete(keys.worker_pools(info.id))
+            if use:
+                pipe.hset(keys.worker_pools(info.id), mapping=use)
+            pipe.expire(keys.worker_pools(info.id), 10)
+            await pipe.execute()
             await asyncio.sleep(3.0)
 
     @contextlib.asynccontextmanager

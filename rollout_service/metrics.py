@@ -7,6 +7,7 @@ number of gateways report the same truth; counters of finished work live in Redi
     rollout_tokens_total{kind="sampled"|"prompt"}               counter (rate() = tokens/s)
     rollout_engine_inflight_tokens{engine,role}, rollout_engine_up{engine,role}
     rollout_trajectory_phase{phase}, rollout_forecast_tokens{kind="prefill_tokens"|"decode_tokens"}
+    rollout_resource_pool{kind,state}                             env workers' sandbox pools
     rollout_env_workers, rollout_batches_submitted_total, rollout_http_requests_total{route,status}
 """
 
@@ -29,6 +30,7 @@ class Snapshot:
     engines: list[tuple[str, str, int, bool]] = field(default_factory=list)  # id, role, in-flight, up
     workers: int = 0
     phases: dict[str, int] = field(default_factory=dict)  # phase:{name} and forecast:{kind}, all workers
+    pools: dict[str, int] = field(default_factory=dict)  # {kind}:{state} over env workers
 
 
 class _RedisCollector:
@@ -70,6 +72,12 @@ class _RedisCollector:
             (phase if what == "phase" else forecast).add_metric([label], n)
         yield phase
         yield forecast
+        pool = GaugeMetricFamily("rollout_resource_pool", "Env workers' resource pools (sandboxes, ...) by state",
+                                 labels=["kind", "state"])
+        for key, n in sorted(s.pools.items()):
+            kind, _, state = key.partition(":")
+            pool.add_metric([kind, state], n)
+        yield pool
         yield GaugeMetricFamily("rollout_env_workers", "Live env workers", value=s.workers)
 
 
@@ -89,7 +97,8 @@ class Metrics:
         loads = await registry.engine_loads([e.id for e in engines])
         return Snapshot(depth=await queue.depth(), running=await queue.running(), stats=stats,
                         engines=[(e.id, e.role, *loads[e.id]) for e in engines],
-                        workers=len(await registry.workers()), phases=await registry.phases())
+                        workers=len(await registry.workers()), phases=await registry.phases(),
+                        pools=await registry.pools())
 
     async def render(self, queue: Queue, registry: Registry) -> bytes:
         self._redis.snap = await self.snapshot(queue, registry)

@@ -16,6 +16,7 @@
     {p}worker:{id}:alive          string present while the env worker heartbeats (TTL)
     {p}stats                      hash   counters: finished:{state}, failure:{kind}, tokens:{kind}
     {p}worker:{id}:phases         hash   a rollout worker's live trajectories by phase + forecast (TTL)
+    {p}worker:{id}:pools          hash   an env worker's resource pool use, {kind}:{state} -> n (TTL)
     {p}tenant:{t}:batches         zset   a tenant's batch ids -> created at
     {p}apikey:{sha256}            string Principal json for an API key (only its hash is stored)
     {p}session:{sid}              hash   tenant, trajectory json of an OpenAI-compatible session
@@ -81,6 +82,9 @@ class Keys:
 
     def worker_alive(self, wid: str) -> str:
         return f"{self.prefix}worker:{wid}:alive"
+
+    def worker_pools(self, wid: str) -> str:
+        return f"{self.prefix}worker:{wid}:pools"
 
     def worker_phases(self, wid: str) -> str:
         return f"{self.prefix}worker:{wid}:phases"

@@ -69,8 +69,15 @@ class Registry:
 
     async def phases(self) -> dict[str, int]:
         """Live trajectories by phase and forecast demand, over every reporting worker."""
+        return await self._sum(self.k.worker_phases("*"))
+
+    async def pools(self) -> dict[str, int]:
+        """Resource pool use ({kind}:{state} -> n), over every env worker."""
+        return await self._sum(self.k.worker_pools("*"))
+
+    async def _sum(self, pattern: str) -> dict[str, int]:
         out: dict[str, int] = {}
-        async for key in self.r.scan_iter(match=self.k.worker_phases("*"), count=1000):
+        async for key in self.r.scan_iter(match=pattern, count=1000):
             for k, v in (await self.r.hgetall(key)).items():
                 k = k.decode() if isinstance(k, bytes) else k
                 out[k] = out.get(k, 0) + int(v)

@@ -74,6 +74,9 @@ async def test_worker_registers_and_drops_out_when_stopped(keys, redis):
             time.sleep(0.05)
         assert [w.id for w in await reg.workers()] == ["env-t"]
         assert await reg.pick_worker("calc") == "http://x"
+        while not (await reg.pools()).get("sandbox:idle") and time.monotonic() < deadline + 10:
+            time.sleep(0.1)  # pre-warmed sandboxes are reported for the gateway's /metrics
+        assert (await reg.pools())["sandbox:idle"] >= 1
         with pytest.raises(LookupError):
             await reg.pick_worker("chess")
     assert await reg.workers() == []
