@@ -81,6 +81,31 @@ def cmd_worker(args) -> None:
     asyncio.run(main())
 
 
+def cmd_allocator(args) -> None:
+    import redis.asyncio as aioredis
+
+    from rollout_service import logs
+    from scheduler.allocator import AllocatorConfig
+    from scheduler.keys import Keys
+    from scheduler.pd_control import PDController
+    from scheduler.registry import Registry
+
+    logs.configure("allocator")
+    s = Settings.from_env()
+
+    async def main() -> None:
+        r = aioredis.from_url(s.redis_url)
+        ctl = PDController(Registry(r, Keys(s.key_prefix)), config=AllocatorConfig(dwell_s=args.dwell_s))
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        logging.info("allocator started", extra={"every_s": args.every_s})
+        await ctl.run(stop, args.every_s)
+
+    asyncio.run(main())
+
+
 def cmd_env_worker(args) -> None:
     from env_workers.server import serve
 
@@ -152,6 +177,8 @@ def cmd_up(args) -> None:
                              env, f"http://127.0.0.1:{wport}/healthz", log=logs / f"env-worker-{i}.log"))
         for i in range(args.workers):
             sup.add(up.Child(f"rollout worker {i}", up.self_cmd("worker"), env, log=logs / f"worker-{i}.log"))
+        if args.pd_allocation:
+            sup.add(up.Child("prefill/decode allocator", up.self_cmd("allocator"), env, log=logs / "allocator.log"))
         sup.add(up.Child("gateway", up.self_cmd("gateway", "--host", s.host, "--port", str(s.port)), env,
                          f"http://{s.host}:{s.port}/healthz", log=logs / "gateway.log"))
         console.print(f"\n[bold green]ready[/]  gateway http://{s.host}:{s.port}  (API docs: /docs)   logs: {logs}")
@@ -408,6 +435,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="auto (default): vLLM on the CPU if `rollout engine prepare` was run, else simulated")
     sp.add_argument("--vllm-model", default="smollm2", choices=["smollm2", "tiny"],
                     help="model for --engine vllm (default smollm2)")
+    sp.add_argument("--pd-allocation", action="store_true",
+                    help="run the prediction-guided prefill/decode allocator (engines need a KV connector)")
     sp.add_argument("--sim-time-scale", type=float, default=1.0,
                     help="simulated engine: multiply its modelled GPU time by this (0 = instant; default 1)")
     sp.set_defaults(fn=cmd_up)
@@ -420,6 +449,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("worker", help="run a rollout worker (claims and runs trajectories)")
     sp.add_argument("--concurrency", type=int, default=None, help="trajectories in flight (default 32)")
     sp.set_defaults(fn=cmd_worker)
+
+    sp = sub.add_parser("allocator", help="run the prefill/decode allocation loop (one per deployment)",
+                        description="Every few seconds: sum the workers' demand forecasts, let the allocator "
+                                    "decide, publish engine roles (draining first) to the registry.")
+    sp.add_argument("--every-s", type=float, default=5.0, help="seconds between decisions (default 5)")
+    sp.add_argument("--dwell-s", type=float, default=30.0, help="least time an engine keeps a role (default 30)")
+    sp.set_defaults(fn=cmd_allocator)
 
     sp = sub.add_parser("env-worker", help="run an env worker (hosts environments over HTTP)")
     sp.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")

@@ -294,7 +294,8 @@ class EngineInfo(_Input):
         return v
     policy_version: Int = Field(0, ge=0)
     tokenizer: str = Field("byte", max_length=512, description="'byte' or a local tokenizer folder.")
-    role: Literal["prefill", "decode", "mixed"] = Field("mixed", description="Prefill/decode role (PD allocation).")
+    role: Literal["prefill", "decode", "mixed", "draining"] = Field(
+        "mixed", description="Prefill/decode role (PD allocation); draining engines get no new work.")
 
 
 class EngineRoleUpdate(_Input):

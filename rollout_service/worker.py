@@ -96,8 +96,11 @@ class Worker:
                     d = self.forecaster.forecast(self.lifecycle.live(), time.monotonic())
                     await self.registry.report_phases(self.id, {
                         **{f"phase:{ph.value}": n for ph, n in self.lifecycle.counts().items()},
+                        # summed over workers by scheduler.pd_control.demand_from
                         "forecast:prefill_tokens": round(d.prefill_tokens), "forecast:decode_tokens":
-                            round(d.decode_tokens)})
+                            round(d.decode_tokens), "forecast:decode_seqs": round(d.decode_seqs),
+                        "forecast:context_tokens": round(d.mean_context * d.live), "forecast:turns": round(d.turns),
+                        "forecast:live": d.live, "forecast:response_tokens": round(d.mean_response * d.live)})
             except Exception:
                 log.exception("engine probe failed")
             await asyncio.sleep(every_s)

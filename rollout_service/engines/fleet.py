@@ -63,7 +63,10 @@ class Fleet:
                                           info.tokenizer)
                 self._load.setdefault(info.id, 0)
             self._engines[info.id][0].policy_version = info.policy_version
-            self._roles[info.id] = Role(info.role)
+            if info.role == "draining":  # finishing what it holds before a new role: nothing new
+                self._roles.pop(info.id, None)
+            else:
+                self._roles[info.id] = Role(info.role)
         for gone in set(self._engines) - {i.id for i in infos}:
             eng, _ = self._engines.pop(gone)
             self._down.discard(gone)

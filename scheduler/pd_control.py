@@ -1,0 +1,93 @@
+"""The live prefill/decode allocation loop: forecasts in, engine roles out.
+
+Every few seconds: sum the demand forecasts that rollout workers report (each worker runs
+a `Lifecycle` + `Forecaster` over its own trajectories), read every engine's in-flight
+tokens, let the same `Allocator` the simulator drives decide, and publish roles to the
+registry. An engine being moved is published as `draining`, so routers send it nothing
+new; once its in-flight tokens reach zero it takes its new role. Workers follow the
+registry within a refresh (2 s).
+
+Run one per deployment (`rollout allocator`, or `rollout up --pd-allocation`). It needs
+engines served with a KV connector (`rollout engine serve ... --kv-transfer`).
+Non-goals: measuring engine speed live; the capacity model is the allocator's prior.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from scheduler.allocator import Allocator, AllocatorConfig, Capacity, Layout, Move
+from scheduler.forecast import Demand
+from scheduler.registry import Registry
+from scheduler.roles import EngineRole, Role
+
+log = logging.getLogger(__name__)
+
+# Fields a worker reports under "forecast:" (see rollout_service.worker), summed here.
+DEMAND_FIELDS = ("prefill_tokens", "decode_tokens", "decode_seqs", "context_tokens", "turns", "live",
+                 "response_tokens")
+
+
+def demand_from(report: dict[str, int], horizon_s: float) -> Demand:
+    """The cluster's demand: sums of the workers' forecasts; means weighted by live count."""
+    f = {k: float(report.get(f"forecast:{k}", 0)) for k in DEMAND_FIELDS}
+    live = max(f["live"], 1.0)
+    return Demand(horizon_s=horizon_s, prefill_tokens=f["prefill_tokens"], decode_tokens=f["decode_tokens"],
+                  decode_seqs=f["decode_seqs"], mean_context=f["context_tokens"] / live, turns=f["turns"],
+                  live=int(f["live"]), mean_response=f["response_tokens"] / live)
+
+
+class PDController:
+    def __init__(self, registry: Registry, capacity: Capacity | None = None, config: AllocatorConfig | None = None,
+                 horizon_s: float = 10.0, drain_tok_s: float = 2_000.0, clock: Callable[[], float] = time.monotonic):
+        self.registry = registry
+        self.capacity, self.config = capacity, config
+        self.horizon_s = horizon_s
+        self.drain_tok_s = drain_tok_s  # assumed rate an engine works off its in-flight tokens
+        self.clock = clock
+        self.allocator: Allocator | None = None
+
+    def _sync(self, engines: dict[str, str], now: float) -> Allocator:
+        """(Re)build the allocator when the set of engines changes, starting from their roles."""
+        a = self.allocator
+        if a is None or set(a.engines) != set(engines):
+            a = Allocator(engines, self.capacity, self.config, Layout(0, 0, len(engines)), now)
+            for eid, role in engines.items():  # each engine starts in its published role
+                a.engines[eid] = EngineRole(eid)
+                a.engines[eid].ready(now, Role(role) if role in ("prefill", "decode") else Role.mixed)
+            self.allocator = a
+        return a
+
+    async def step(self) -> list[Move]:
+        now = self.clock()
+        infos = await self.registry.engines()
+        if not infos:
+            return []
+        a = self._sync({e.id: e.role for e in infos}, now)
+        loads = await self.registry.engine_loads([e.id for e in infos])
+        for eid in a.draining():
+            if loads[eid][0] == 0:
+                role = a.drained(eid, now)
+                await self.registry.set_role(eid, role.value)
+                log.info("engine switched role", extra={"engine": eid, "role": role.value})
+        d = demand_from(await self.registry.phases(), self.horizon_s)
+        moves = a.allocate(d, {e: tokens / self.drain_tok_s for e, (tokens, _) in loads.items()}, now)
+        for m in moves:
+            await self.registry.set_role(m.engine, "draining")
+            log.info("engine draining for a new role", extra={"engine": m.engine, "from": m.old.value,
+                                                              "to": m.new.value})
+        return moves
+
+    async def run(self, stop: asyncio.Event, every_s: float = 5.0) -> None:
+        while not stop.is_set():
+            try:
+                await self.step()
+            except Exception:  # one bad round must not stop allocation
+                log.exception("allocation round failed")
+            try:
+                await asyncio.wait_for(stop.wait(), every_s)
+            except TimeoutError:
+                pass
