@@ -15,34 +15,16 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
-import httpx
 import psutil
 
 from trainer_client import AsyncRolloutClient
 
-
-def start_up(a) -> tuple[subprocess.Popen, str]:
-    port = 19000 + os.getpid() % 900
-    env = {**os.environ, "ROLLOUT_REDIS_URL": a.redis_url, "ROLLOUT_KEY_PREFIX": f"load:{uuid.uuid4().hex[:8]}:"}
-    proc = subprocess.Popen([sys.executable, "-m", "rollout_service.cli", "up", "--port", str(port), "--engine", "sim",
-                             "--sim-time-scale", "0", "--workers", str(a.workers)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            if httpx.get(f"{url}/v1/workers", timeout=1).json():
-                return proc, url
-        except (httpx.HTTPError, ValueError):
-            pass
-        time.sleep(0.2)
-    proc.terminate()
-    raise SystemExit("rollout up did not start")
+sys.path.insert(0, str(Path(__file__).parent))
+from _up import start_up  # noqa: E402
 
 
 async def run(a, url: str, up_pid: int) -> dict:
@@ -112,7 +94,7 @@ def main() -> None:
     ap.add_argument("--redis-url", default=os.environ.get("ROLLOUT_REDIS_URL", "redis://127.0.0.1:6379/0"))
     ap.add_argument("--out", default="benchmarks/results/load.json")
     a = ap.parse_args()
-    proc, url = start_up(a)
+    proc, url = start_up(a.redis_url, "--engine", "sim", "--sim-time-scale", "0", "--workers", str(a.workers))
     try:
         res = asyncio.run(run(a, url, proc.pid))
     finally:

@@ -19,13 +19,9 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
-
-import httpx
 
 from env_workers.client import LocalEnvs
 from rollout_service.engines import vllm_local
@@ -35,6 +31,9 @@ from rollout_service.protocol import RolloutRequest, SamplingParams, Trajectory
 from rollout_service.rollout import run_episode
 from scheduler.store import Work
 from trainer_client import RolloutClient
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _up import start_up  # noqa: E402
 
 
 def params(a) -> RolloutRequest:
@@ -74,25 +73,6 @@ def gen_tokens(trajs: dict[int, Trajectory]) -> int:
     return sum(len(t.output_ids) for traj in trajs.values() for t in traj.turns)
 
 
-def start_up(a, url: str, model: str, tokenizer: str) -> tuple[subprocess.Popen, str]:
-    port = 18000 + os.getpid() % 1000
-    env = {**os.environ, "ROLLOUT_REDIS_URL": a.redis_url, "ROLLOUT_KEY_PREFIX": f"bench:{uuid.uuid4().hex[:8]}:",
-           "ROLLOUT_WORKER_CONCURRENCY": str(a.concurrency)}
-    proc = subprocess.Popen([sys.executable, "-m", "rollout_service.cli", "up", "--port", str(port), "--engine-url",
-                             url, "--model", model, "--tokenizer", tokenizer], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    gw = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            if httpx.get(f"{gw}/v1/workers", timeout=1).json():
-                return proc, gw
-        except (httpx.HTTPError, ValueError):
-            pass
-        time.sleep(0.2)
-    proc.terminate()
-    raise SystemExit("rollout up did not start")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tiny", choices=["tiny", "smollm2"], help="local vLLM model (default tiny)")
@@ -117,7 +97,8 @@ def main() -> None:
         server = vllm_local.start_server(path, port, a.model)
         url, model, tokenizer = f"http://127.0.0.1:{port}", a.model, str(path)
         print(f"vLLM ({a.model}) ready in {vllm_local.wait_ready(url, 300, server):.0f} s", file=sys.stderr)
-    up, gw = start_up(a, url, model, tokenizer)
+    up, gw = start_up(a.redis_url, "--engine-url", url, "--model", model, "--tokenizer", tokenizer,
+                      env={"ROLLOUT_WORKER_CONCURRENCY": str(a.concurrency)})
     try:
         d_tps, s_tps, added = [], [], []
         for r in range(a.repeats):

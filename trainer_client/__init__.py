@@ -5,4 +5,4 @@ from trainer_client._client import AsyncRolloutClient, RolloutClient
 from trainer_client._errors import APIError, NotFoundError, RolloutError, TransportError, WeightUpdateError
 
 __all__ = ["APIError", "AsyncRolloutClient", "BatchCreated", "BatchStatus", "NotFoundError", "RolloutClient",
-           "RolloutError", "Trajectory", "TrajectoryEvent", "TransportError"]
+           "RolloutError", "Trajectory", "TrajectoryEvent", "TransportError", "WeightUpdateError"]

@@ -75,19 +75,30 @@ class _Base:
         cls = NotFoundError if r.status_code == 404 else APIError
         raise cls(r.status_code, err.get("code", "http_error"), err.get("message", ""), err.get("details"))
 
-    @staticmethod
-    def parse_sse(lines: list[str]) -> tuple[str | None, str | None, str | None]:
-        eid = event = data = None
-        for line in lines:
-            field, _, value = line.partition(":")
-            value = value[1:] if value.startswith(" ") else value
-            if field == "id":
-                eid = value
-            elif field == "event":
-                event = value
-            elif field == "data":
-                data = value
-        return eid, event, data
+
+_DONE = object()  # the stream's end-of-batch marker
+
+
+class _SSE:
+    """Server-sent events, one line at a time: `feed` returns a TrajectoryEvent, `_DONE`, or
+    None; `last` is the id to resume from."""
+
+    def __init__(self, last: str = "0"):
+        self.last = last
+        self._fields: dict[str, str] = {}
+
+    def feed(self, line: str):
+        if line:
+            name, _, value = line.partition(":")
+            self._fields[name] = value[1:] if value.startswith(" ") else value
+            return None
+        f, self._fields = self._fields, {}
+        self.last = f.get("id") or self.last
+        if f.get("event") == "done":
+            return _DONE
+        if f.get("event") == "trajectory" and f.get("data"):
+            return TrajectoryEvent.model_validate_json(f["data"])
+        return None
 
 
 class RolloutClient(_Base):
@@ -149,19 +160,14 @@ class RolloutClient(_Base):
                     if r.status_code >= 400:
                         r.read()
                         self.check(r)
-                    failures, lines = 0, []
+                    failures, sse = 0, _SSE(last)
                     for line in r.iter_lines():
-                        if line:
-                            lines.append(line)
-                            continue
-                        eid, event, data = self.parse_sse(lines)
-                        lines = []
-                        if eid:
-                            last = eid
-                        if event == "done":
+                        ev = sse.feed(line)
+                        last = sse.last
+                        if ev is _DONE:
                             return
-                        if event == "trajectory" and data:
-                            yield TrajectoryEvent.model_validate_json(data)
+                        if ev is not None:
+                            yield ev
             except (httpx.TransportError, httpx.RemoteProtocolError) as e:
                 if failures >= len(_RECONNECT_S):
                     raise TransportError(f"event stream lost: {e!r}") from e
@@ -258,19 +264,14 @@ class AsyncRolloutClient(_Base):
                     if r.status_code >= 400:
                         await r.aread()
                         self.check(r)
-                    failures, lines = 0, []
+                    failures, sse = 0, _SSE(last)
                     async for line in r.aiter_lines():
-                        if line:
-                            lines.append(line)
-                            continue
-                        eid, event, data = self.parse_sse(lines)
-                        lines = []
-                        if eid:
-                            last = eid
-                        if event == "done":
+                        ev = sse.feed(line)
+                        last = sse.last
+                        if ev is _DONE:
                             return
-                        if event == "trajectory" and data:
-                            yield TrajectoryEvent.model_validate_json(data)
+                        if ev is not None:
+                            yield ev
             except (httpx.TransportError, httpx.RemoteProtocolError) as e:
                 if failures >= len(_RECONNECT_S):
                     raise TransportError(f"event stream lost: {e!r}") from e

@@ -54,20 +54,12 @@ class VLLMEngine:
         """Prefill only, keeping the KV for a decode engine; returns its kv_transfer_params."""
         one = dataclasses.replace(req, sampling=req.sampling.model_copy(update={"max_tokens": 1}),
                                   kv_transfer_params={"do_remote_decode": True}, request_id=f"{req.request_id}-p")
-        try:
-            r = await self._client.post(f"{self.url}/v1/completions", json=self.payload(one))
-        except httpx.HTTPError as e:
-            raise EngineError(f"engine {self.id} unreachable: {e!r}") from e
-        if r.status_code != 200:
-            raise EngineError(f"engine {self.id} answered {r.status_code}: {r.text[:300]}")
-        params = r.json().get("kv_transfer_params")
+        params = (await self._complete(one)).get("kv_transfer_params")
         if not params:
             raise EngineError(f"engine {self.id} returned no kv_transfer_params: is it serving with a KV connector?")
         return params
 
-    async def generate(self, req: GenerateRequest) -> GenerateResult:
-        t0 = time.perf_counter()
-        version = self.policy_version  # the version serving when the request was sent
+    async def _complete(self, req: GenerateRequest) -> dict:
         try:
             r = await self._client.post(f"{self.url}/v1/completions", json=self.payload(req))
         except httpx.HTTPError as e:
@@ -75,7 +67,16 @@ class VLLMEngine:
         if r.status_code != 200:
             raise EngineError(f"engine {self.id} answered {r.status_code}: {r.text[:300]}")
         try:
-            choice = r.json()["choices"][0]
+            return r.json()
+        except ValueError as e:
+            raise EngineError(f"engine {self.id} answered with no JSON: {e!r}") from e
+
+    async def generate(self, req: GenerateRequest) -> GenerateResult:
+        t0 = time.perf_counter()
+        version = self.policy_version  # the version serving when the request was sent
+        body = await self._complete(req)
+        try:
+            choice = body["choices"][0]
             ids = [int(i) for i in choice["token_ids"]]
             lps = [float(x) if x is not None else 0.0 for x in choice["logprobs"]["token_logprobs"]]
         except (KeyError, IndexError, TypeError, ValueError) as e:
@@ -89,7 +90,7 @@ class VLLMEngine:
         elapsed = time.perf_counter() - t0
         # The HTTP API does not split prefill from decode; attribute all to decode.
         return GenerateResult(ids, lps, choice.get("finish_reason") or "stop", version, self.id, 0.0, elapsed,
-                              kv_transfer_params=r.json().get("kv_transfer_params"))
+                              kv_transfer_params=body.get("kv_transfer_params"))
 
     async def health(self) -> bool:
         try:
