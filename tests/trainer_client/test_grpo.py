@@ -148,3 +148,12 @@ def test_importing_the_client_does_not_import_torch():
 
     code = "import sys, trainer_client, trainer_client.grpo; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+def test_the_module_example_runs():
+    import doctest
+
+    from trainer_client import grpo
+
+    result = doctest.testmod(grpo)
+    assert result.attempted > 0 and result.failed == 0
