@@ -154,6 +154,8 @@ class Turn(_Wire):
     timings: TurnTimings = Field(default_factory=TurnTimings)
     reward: float = 0.0
     segment: int = Field(0, description="Training sample this turn belongs to (see RolloutRequest.context).")
+    tool_failure: str | None = Field(None, description="The env's tool call after this turn failed: timeout, crash, "
+                                                        "... (the model saw it as text; the episode went on).")
 
 
 class Sample(_Wire):

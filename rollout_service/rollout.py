@@ -113,6 +113,7 @@ async def _loop(traj: Trajectory, work: Work, fleet: Fleet, envs: EnvBackend, at
             step = await envs.step(handle, action)
             turn.timings.tool_s = time.monotonic() - t_tool
             turn.reward = step.reward
+            turn.tool_failure = step.info.get("tool_failure")
             traj.messages += step.observation
             if step.terminated or step.truncated:
                 traj.state = TrajectoryState.completed if step.terminated else TrajectoryState.truncated

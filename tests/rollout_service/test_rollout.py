@@ -179,3 +179,32 @@ async def test_sandbox_trouble_is_a_sandbox_failure():
     traj = await run_episode(work(env="no_sandbox", task={}), fleet(SimEngine()), LocalEnvs())
     assert traj.state is TrajectoryState.failed and traj.failure.kind is FailureKind.sandbox
     assert "pool exhausted" in traj.failure.message and traj.failure.maskable
+
+
+class SlowTool:
+    """A tool call that times out: the model reads it as text, the turn records its kind."""
+
+    def reset(self, task, seed=None):
+        from rollout_service.protocol import Message
+
+        return [Message(role="user", content="run it")], {}
+
+    def step(self, action):
+        from env_workers.env import StepResult
+        from rollout_service.protocol import Message
+
+        return StepResult([Message(role="user", content="[timed out after 10s]")], 0.0, False, False,
+                          {"tool_failure": "timeout"})
+
+    def close(self):
+        pass
+
+
+async def test_tool_failure_is_recorded_on_the_turn():
+    from env_workers.registry import EnvSpec, names, register
+
+    if "slow_tool" not in names():
+        register(EnvSpec("slow_tool", SlowTool, "test: every tool call times out", example_tasks=[{}]))
+    traj = await run_episode(work(env="slow_tool", task={}, max_turns=2), fleet(SimEngine()), LocalEnvs())
+    assert traj.failure is None and traj.state is TrajectoryState.truncated
+    assert [t.tool_failure for t in traj.turns] == ["timeout", "timeout"]
