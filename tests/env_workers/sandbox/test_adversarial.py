@@ -58,7 +58,8 @@ def test_no_network_from_inside(sandbox):
 
 def test_no_write_outside_the_workspace(sandbox):
     name = f"rs-probe-{uuid.uuid4().hex[:8]}"
-    targets = [f"/{name}", f"/usr/{name}", f"/etc/{name}", f"/root/{name}", f"/var/{name}", f"/tmp/{name}"]
+    home = os.path.expanduser("~")  # the host user's home, wherever it is
+    targets = [f"/{name}", f"/usr/{name}", f"/etc/{name}", f"{home}/{name}", f"/var/{name}", f"/tmp/{name}"]
     script = "; ".join(f"(echo x > {t}) 2>/dev/null && echo WROTE {t}" for t in targets[:5]) + f"; echo x > /tmp/{name}"
     r = sandbox.exec(["sh", "-c", script + "; true"])
     assert "WROTE" not in r.text  # read-only everywhere but the workspace and a private /tmp
