@@ -22,7 +22,7 @@ from env_workers.env import SandboxUnavailable
 from rollout_service.engines.base import EngineError, GenerateRequest
 from rollout_service.engines.fleet import Fleet
 from rollout_service.protocol import Failure, FailureKind, Message, Trajectory, TrajectoryState, Turn, TurnTimings
-from rollout_service.tokens import ChatTokens, TemplateDriftError
+from rollout_service.tokens import TemplateDriftError, chat_tokens
 from scheduler.lifecycle import Lifecycle
 from scheduler.store import Work
 
@@ -78,7 +78,7 @@ async def _loop(traj: Trajectory, work: Work, fleet: Fleet, envs: EnvBackend, at
     handle, opening = await envs.open(p.env, work.task, seed=work.sample_index)
     try:
         tok_spec, tok = await fleet.tokenizer_for(traj.id)
-        chat = ChatTokens(tok)
+        chat = chat_tokens(tok)
         traj.messages = list(opening)
         context: list[int] = []
         delta = chat.prompt(opening)

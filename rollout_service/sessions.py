@@ -32,7 +32,7 @@ from rollout_service.protocol import (
     Turn,
     TurnTimings,
 )
-from rollout_service.tokens import ChatTokens, TemplateDriftError
+from rollout_service.tokens import ChatTokens, TemplateDriftError, chat_tokens
 from scheduler.keys import Keys
 
 
@@ -95,7 +95,7 @@ class Sessions:
             if traj.state is not TrajectoryState.running:
                 raise SessionClosed(f"session {sid} is {traj.state.value}")
             spec, tok = await self.fleet.tokenizer_for(sid)
-            chat = ChatTokens(tok)
+            chat = chat_tokens(tok)
             messages = [Message(role=m.role, content=m.content) for m in req.messages]
             delta, segment, context = self._prompt(traj, chat, messages)
             sampling = SamplingParams(temperature=req.temperature, top_p=req.top_p, max_tokens=req.limit,

@@ -148,3 +148,9 @@ class ChatTokens:
         if full[: self._base_len] != self._base:
             raise TemplateDriftError("rendering new messages changed the earlier prefix")
         return closing + full[self._base_len :]
+
+
+@lru_cache(maxsize=32)
+def chat_tokens(tokenizer: Tokenizer) -> ChatTokens:
+    """The `ChatTokens` of a tokenizer, built once: probing the template renders three times."""
+    return ChatTokens(tokenizer)
