@@ -1,0 +1,70 @@
+"""Two GRPO steps through the real service (`rollout up --engine vllm`, SmolLM2 on CPU):
+rollouts, a training step, new weights saved to a new folder and pushed; the policy version
+advances and the engine's output changes. The full learning run is `examples/grpo_calc.py`."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REDIS_URL
+
+pytestmark = pytest.mark.integration
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+_spec = importlib.util.spec_from_file_location("grpo_calc", Path(__file__).parents[2] / "examples" / "grpo_calc.py")
+grpo_calc = importlib.util.module_from_spec(_spec)
+sys.modules["grpo_calc"] = grpo_calc  # dataclasses look their module up there
+_spec.loader.exec_module(grpo_calc)
+
+PROBE = grpo_calc.task(123)
+
+
+async def _greedy(client, cfg):
+    [t] = await grpo_calc.rollouts(client, [PROBE], cfg, 1, {**cfg.sampling, "temperature": 0.0})
+    return t.turns[0].output_ids, t.turns[0].output_logprobs, t.policy_versions
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_two_grpo_steps_move_the_engine(tmp_path, prefix, monkeypatch, mode):
+    from rollout_service.engines import vllm_local
+    from trainer_client import AsyncRolloutClient
+
+    monkeypatch.setenv("ROLLOUT_KEY_PREFIX", prefix)  # `rollout up` children inherit it
+    # Tiny steps, a high learning rate (so that two steps surely show in bf16 weights) and a
+    # bonus for the format (so that a group almost surely has reward variance).
+    cfg = grpo_calc.Config(out=tmp_path, mode=mode, steps=2, prompts=2, group_size=8, inflight=3, max_tokens=12,
+                           max_turns=2, lr=1e-4, format_bonus=0.5, eval_tasks=0, redis_url=REDIS_URL, keep=5)
+
+    async def run():
+        folder = vllm_local.prepare_model("smollm2")
+        learner = grpo_calc.Learner(folder, cfg)
+        with grpo_calc.service(cfg) as url:
+            async with AsyncRolloutClient(url, timeout=120.0) as client:
+                start = await client.update_weights(path=str(folder))
+                before = await _greedy(client, cfg)
+                trainer = grpo_calc.Trainer(client, learner, cfg)
+                trainer.version = start.version
+                for _ in range(3):  # a step whose groups all tie trains nothing: run more
+                    await (trainer.run_async() if mode == "async" else trainer.run_sync())
+                    if any(r.train["groups_trained"] for r in trainer.history):
+                        break
+                after = await _greedy(client, cfg)
+                return start.version, before, after, trainer.history
+
+    v0, before, after, history = asyncio.run(run())
+    assert [r.version for r in history] == list(range(v0 + 1, v0 + 1 + len(history)))
+    assert set(before[2]) == {v0} and set(after[2]) == {history[-1].version}
+    assert any(r.train["groups_trained"] for r in history)
+    assert all(r.trajectories == cfg.prompts * cfg.group_size for r in history)
+    assert (tmp_path / f"step-{len(history)}" / "model.safetensors").exists()
+    # the engine now serves the trained weights: same greedy prompt, different logprobs
+    assert before[:2] != after[:2]
+    assert json.loads(json.dumps([r.train for r in history]))
