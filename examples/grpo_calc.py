@@ -1,6 +1,6 @@
 """GRPO through rollout-service: SmolLM2-135M-Instruct learns to use the calculator tool.
 
-    python examples/grpo_calc.py                        # starts `rollout up --engine vllm`, trains 14 steps
+    python examples/grpo_calc.py                        # starts `rollout up --engine vllm`, trains 30 steps
     python examples/grpo_calc.py --mode async --max-staleness 1
     python examples/grpo_calc.py --mode compare --steps 4 # sync vs async wall time, same steps
     python examples/grpo_calc.py --url http://127.0.0.1:8000   # a running service on this machine
@@ -23,6 +23,12 @@ Modes:
   with a turn more than `--max-staleness` policy versions old is masked; rollouts in
   flight during a weight update are not restarted: they continue on the new weights
   (their turns then carry different versions).
+
+Measured on a 2-core CPU machine (defaults; 8 groups x 8 per step; vLLM and the trainer
+sharing the cores): held-out success (64 fresh seeds, sampled at T=1) 0.00 before, 1.00
+after 30 steps (greedy 0.98); 774 s of training wall time, train success crossing 0.6 at
+step 15 (~8 min). `--mode compare --steps 6`: sync 206 s, async 265 s (on 2 cores the
+overlap only adds contention: training slows while rollouts keep running).
 
 Needs torch and transformers (the `engine` extra) and matplotlib for the plot.
 """
@@ -65,7 +71,7 @@ class Config:
     url: str | None = None
     out: Path = Path("/tmp/grpo_calc")
     mode: str = "sync"
-    steps: int = 14
+    steps: int = 30
     prompts: int = 8  # groups per step
     group_size: int = 8
     inflight: int = 12  # async: groups kept running
@@ -80,7 +86,9 @@ class Config:
     seed: int = 0
     threads: int = 2
     keep: int = 2  # checkpoints kept on disk
-    format_bonus: float = 0.0  # added to the env's reward for the whole format: a tool call, then an answer
+    # Added to the env's reward for the whole format (a tool call, then an answer). With the env's
+    # reward alone, 64 rollouts of the base model had no success at all: no signal.
+    format_bonus: float = 0.2
     redis_url: str | None = None
 
     @property
