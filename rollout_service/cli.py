@@ -142,7 +142,9 @@ def cmd_up(args) -> None:
         redis_url = args.redis_url or os.environ.get("ROLLOUT_REDIS_URL")
         if not redis_url:
             rport = up.free_port()
-            data = up.cache_dir() / "redis"
+            # One data folder per gateway port: two `rollout up` on one machine never share an AOF,
+            # and the same command finds its batches again after a restart.
+            data = Path(args.redis_dir) if args.redis_dir else up.cache_dir() / "redis" / f"port-{s.port}"
             data.mkdir(parents=True, exist_ok=True)
             redis_url = f"redis://127.0.0.1:{rport}/0"
             sup.add(up.Child("redis (embedded)", [up.redis_server_binary(), "--port", str(rport), "--bind", "127.0.0.1",
@@ -426,6 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "$ROLLOUT_REDIS_URL is set; the engine is simulated unless --engine-url is given.")
     sp.add_argument("--port", type=int, default=8000, help="gateway port (default 8000)")
     sp.add_argument("--redis-url", help="use this Redis instead of an embedded one")
+    sp.add_argument("--redis-dir", help="embedded Redis data folder (default: the cache's redis/port-PORT)")
     sp.add_argument("--engine-url", help="an OpenAI-compatible (vLLM) server to use instead of the simulated engine")
     sp.add_argument("--model", default="default", help="served model name of --engine-url")
     sp.add_argument("--tokenizer", default="byte", help="local tokenizer folder for --engine-url's model")

@@ -59,8 +59,8 @@ def test_up_with_embedded_redis_answers_a_multi_turn_batch(tmp_path):
             for t in trajs:
                 assert len(t.token_ids) == len(t.loss_mask) == len(t.logprobs)
                 assert all(turn.engine_id == "engine-0" for turn in t.turns)
-            assert (tmp_path / "cache" / "redis" / "appendonlydir").exists() or \
-                (tmp_path / "cache" / "redis" / "appendonly.aof").exists()
+            data = tmp_path / "cache" / "redis" / f"port-{url.rsplit(':', 1)[1]}"
+            assert (data / "appendonlydir").exists() or (data / "appendonly.aof").exists()
     finally:
         stop_up(proc)
 
