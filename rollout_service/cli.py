@@ -131,7 +131,7 @@ def cmd_up(args) -> None:
     logs = up.cache_dir() / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
-    sup = up.Supervisor(say=console.print)
+    sup = up.Supervisor(say=console.print, status=console.status)
 
     def _terminate(*_):  # SIGTERM stops the children too, like Ctrl-C
         raise KeyboardInterrupt

@@ -11,6 +11,7 @@ cache directory, so accepted batches survive a restart of `rollout up` itself.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -79,12 +80,15 @@ class Child:
 class Supervisor:
     children: list[Child] = field(default_factory=list)
     say: object = print
+    status: object = None  # e.g. rich Console.status: a spinner while a child starts
 
     def add(self, child: Child, timeout: float = 60.0) -> None:
         self.children.append(child)
         child.start()
         if child.ready_url:
-            wait_http(child.ready_url, timeout, child)
+            spinner = self.status(f"starting {child.name}…") if self.status else contextlib.nullcontext()
+            with spinner:
+                wait_http(child.ready_url, timeout, child)
         self.say(f"  [green]✓[/] {child.name}" + (f"  {child.ready_url.rsplit('/', 1)[0]}" if child.ready_url else ""))
 
     def watch(self) -> None:
