@@ -54,8 +54,11 @@ class PodmanService:
         if lacking := missing():
             raise RuntimeError(f"cannot serve the Docker API: install {' '.join(lacking)} "
                                "(apt-get install -y --no-install-recommends podman runc busybox-static)")
+        # cwd: runc/conmon drop files (an empty `oom` marker after an OOM kill) in the
+        # service's working directory; keep them beside the socket, not in the caller's folder.
         self._proc = subprocess.Popen(["podman", "--runtime", "runc", "system", "service", "--time=0", self.url],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+                                      cwd=self.socket.parent)
         deadline = time.monotonic() + timeout_s
         while not self.socket.exists():
             if self._proc.poll() is not None:
