@@ -84,36 +84,35 @@ class EngineJudge:
             return ex.submit(asyncio.run, self._ask(messages)).result()
 
     async def _ask(self, messages: list[Message]) -> str:
+        """One greedy completion from the fleet (routing, health and failover included)."""
         import redis.asyncio as aioredis
+        from redis.exceptions import RedisError
 
         from rollout_service.engines.base import EngineError, GenerateRequest
-        from rollout_service.engines.vllm import VLLMEngine
+        from rollout_service.engines.fleet import Fleet
         from rollout_service.protocol import SamplingParams
-        from rollout_service.tokens import load_tokenizer
+        from rollout_service.tokens import chat_tokens
         from scheduler.keys import Keys
         from scheduler.registry import Registry
 
         r = aioredis.from_url(self.redis_url)
+        fleet = Fleet(registry=Registry(r, Keys(self.prefix)))
+        tid = f"judge-{uuid.uuid4().hex}"
         try:
-            engines = await Registry(r, Keys(self.prefix)).engines()
-        except Exception as e:  # noqa: BLE001 - any Redis trouble means no judge
-            raise JudgeUnavailable(f"cannot read the engine registry: {e!r}") from e
-        finally:
-            await r.aclose()
-        if not engines:
-            raise JudgeUnavailable("no engine is registered to act as the judge")
-        info = random.choice(engines)
-        tok = await asyncio.to_thread(load_tokenizer, info.tokenizer)
-        engine = VLLMEngine(info.id, info.url, info.model, timeout_s=self.timeout_s)
-        req = GenerateRequest(tok.render(messages, add_generation_prompt=True),
-                              SamplingParams(temperature=0.0, max_tokens=self.max_tokens), f"judge-{uuid.uuid4().hex}")
-        try:
-            out = await engine.generate(req)
+            async with asyncio.timeout(self.timeout_s):
+                spec, tok = await fleet.tokenizer_for(tid)
+                req = GenerateRequest(chat_tokens(tok).prompt(messages),
+                                      SamplingParams(temperature=0.0, max_tokens=self.max_tokens), tid, [tok.eos_id])
+                out = await fleet.generate(tid, spec, req)
         except EngineError as e:
             raise JudgeUnavailable(f"the judge engine failed: {e}") from e
+        except (RedisError, OSError, TimeoutError) as e:
+            raise JudgeUnavailable(f"no judge reachable: {e!r}") from e
         finally:
-            await engine.aclose()
-        return tok.decode(out.output_ids)
+            await fleet.aclose()
+            await r.aclose()
+        ids = out.output_ids[:-1] if out.output_ids[-1:] == [tok.eos_id] else out.output_ids
+        return tok.decode(ids)
 
 
 _default_judge: Judge | None = None
