@@ -104,7 +104,21 @@ class _Reader:
         return text, dropped > 0
 
 
-class BashSession:
+class _Session:
+    """A tool living in one terminal process of the sandbox; closing kills it."""
+
+    _term = None
+
+    def _kill(self) -> None:
+        if self._term is not None:
+            self._term.close()
+            self._term = None
+
+    def close(self) -> None:
+        self._kill()
+
+
+class BashSession(_Session):
     """A persistent bash on a pty inside the sandbox."""
 
     def __init__(self, sandbox: Sandbox, shell: tuple[str, ...] = BASH, timeout_s: float | None = None) -> None:
@@ -167,14 +181,6 @@ class BashSession:
         text = self._done.sub(b"\n", text.encode()).decode("utf-8", "replace").rstrip("\n")
         return ToolResult(text + note, ToolFailure.timeout, None, cut, time.monotonic() - t0)
 
-    def _kill(self) -> None:
-        if self._term is not None:
-            self._term.close()
-            self._term = None
-
-    def close(self) -> None:
-        self._kill()
-
 
 # The interpreter's side: raw terminal (no echo, no line limit), one base64 line per request,
 # one marked JSON line per reply on a private copy of the terminal. The cell's own stdout
@@ -224,7 +230,7 @@ while True:
 """
 
 
-class PythonSession:
+class PythonSession(_Session):
     """A persistent python interpreter inside the sandbox (its own `python3`)."""
 
     def __init__(self, sandbox: Sandbox, python: str = "python3", timeout_s: float | None = None) -> None:
@@ -269,14 +275,6 @@ class PythonSession:
             text += f"\n[... {r['size'] - cap} more bytes of output dropped]"
         return ToolResult(text, None, 0 if r["ok"] else 1, cut, time.monotonic() - t0)
 
-    def _kill(self) -> None:
-        if self._term is not None:
-            self._term.close()
-            self._term = None
-
-    def close(self) -> None:
-        self._kill()
-
 
 class FileEditor:
     """View and edit files in the workspace, through the sandbox (never the host's paths)."""
@@ -291,7 +289,7 @@ class FileEditor:
         body = "\n".join(f"{i:6}\t{lines[i - 1]}" for i in range(max(start, 1), end + 1))
         cap = self.sandbox.limits.output_bytes
         cut = len(body) > cap
-        return ToolResult(body[:cap] + (f"\n[... truncated; view a smaller range]" if cut else ""), truncated=cut)
+        return ToolResult(body[:cap] + ("\n[... truncated; view a smaller range]" if cut else ""), truncated=cut)
 
     def create(self, path: str, text: str) -> ToolResult:
         self.sandbox.write_file(path, text.encode())
