@@ -1,12 +1,13 @@
 """Trajectory and batch states, with the one table of legal transitions.
 
 The transitions themselves run inside Redis (Lua in `scheduler.queue`) so that they are
-atomic; this table is what those scripts implement and what Python-side code checks.
+atomic; this table is what those scripts implement and what `Queue.complete` checks before
+sending a result. Batches: queued -> running -> completed | cancelled (in the same scripts).
 """
 
 from __future__ import annotations
 
-from rollout_service.protocol import BatchState, TrajectoryState as S
+from rollout_service.protocol import TrajectoryState as S
 
 TRANSITIONS: dict[S, frozenset[S]] = {
     S.queued: frozenset({S.running, S.cancelled}),
@@ -17,14 +18,6 @@ TRANSITIONS: dict[S, frozenset[S]] = {
     S.failed: frozenset(),
     S.cancelled: frozenset(),
 }
-
-BATCH_TRANSITIONS: dict[BatchState, frozenset[BatchState]] = {
-    BatchState.queued: frozenset({BatchState.running, BatchState.cancelled}),
-    BatchState.running: frozenset({BatchState.completed, BatchState.cancelled}),
-    BatchState.completed: frozenset(),
-    BatchState.cancelled: frozenset(),
-}
-
 
 class IllegalTransition(ValueError):
     pass

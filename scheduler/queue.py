@@ -25,7 +25,9 @@ from rollout_service.protocol import (
     FailureKind,
     RolloutRequest,
     Trajectory,
+    TrajectoryState,
 )
+from scheduler.jobs import IllegalTransition, check_transition
 from scheduler.keys import Keys
 
 # Shared Lua: move trajectory `tid` (hash `tkey`) of batch hash `bkey` to a new state,
@@ -234,8 +236,9 @@ class Queue:
 
     async def complete(self, claim: Claim, traj: Trajectory) -> bool:
         """Record a terminal trajectory. False if someone else finished it first."""
-        if not traj.state.terminal:
-            raise ValueError(f"complete() needs a terminal state, got {traj.state.value}")
+        if not traj.state.terminal:  # running -> queued is retry(), not complete()
+            raise IllegalTransition(f"complete() needs a terminal state, got {traj.state.value}")
+        check_transition(TrajectoryState.running, traj.state)
         failure = traj.failure.model_dump_json() if traj.failure else ""
         reward = "" if traj.reward is None else repr(traj.reward)
         got = await self._finish(args=[self.k.prefix, claim.trajectory_id, claim.token, traj.state.value,

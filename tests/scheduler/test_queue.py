@@ -149,3 +149,14 @@ async def test_cancel_reaches_a_trajectory_backing_off(queue, store):
     await queue.cancel(b.id)
     assert (await store.batch_status(b.id)).counts[TrajectoryState.cancelled] == 1
     assert await queue.r.zcard(queue.k.delayed) == 0
+
+
+async def test_complete_refuses_a_non_terminal_state(queue):
+    from scheduler.jobs import IllegalTransition
+
+    await queue.enqueue(request(1, 1))
+    c = await queue.claim("w")
+    with pytest.raises(IllegalTransition):
+        await queue.complete(c, finished(c.trajectory_id, TrajectoryState.queued))
+    with pytest.raises(IllegalTransition):
+        await queue.complete(c, finished(c.trajectory_id, TrajectoryState.running))
