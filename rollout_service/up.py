@@ -24,6 +24,8 @@ from pathlib import Path
 
 import httpx
 
+from rollout_service.config import Settings
+
 
 def cache_dir() -> Path:
     return Path(os.environ.get("ROLLOUT_CACHE_DIR") or Path.home() / ".cache" / "rollout-service")
@@ -146,3 +148,94 @@ def wait_redis(url: str, timeout: float) -> None:
 
 def self_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "rollout_service.cli", *args]
+
+
+def run(args, console) -> None:
+    """`rollout up`: start every part, supervise them, stop them all on Ctrl-C or SIGTERM."""
+    s = Settings.from_env(port=args.port)
+    if port_in_use(s.host, s.port):
+        raise SystemExit(f"port {s.port} is taken; pass --port")
+    logs = cache_dir() / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    sup = Supervisor(say=console.print, status=console.status)
+
+    def _terminate(*_):  # SIGTERM stops the children too, like Ctrl-C
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _terminate)
+    console.print("[bold]rollout up[/]")
+    try:
+        redis_url = args.redis_url or os.environ.get("ROLLOUT_REDIS_URL")
+        if not redis_url:
+            rport = free_port()
+            # One data folder per gateway port: two `rollout up` on one machine never share an AOF,
+            # and the same command finds its batches again after a restart.
+            data = Path(args.redis_dir) if args.redis_dir else cache_dir() / "redis" / f"port-{s.port}"
+            data.mkdir(parents=True, exist_ok=True)
+            redis_url = f"redis://127.0.0.1:{rport}/0"
+            sup.add(Child("redis (embedded)", [redis_server_binary(), "--port", str(rport), "--bind", "127.0.0.1",
+                                               "--dir", str(data), "--appendonly", "yes", "--save", ""],
+                          env, log=logs / "redis.log"))
+            wait_redis(redis_url, 10)
+        env["ROLLOUT_REDIS_URL"] = redis_url
+        env["ROLLOUT_KEY_PREFIX"] = s.key_prefix
+
+        engine_url, model, tokenizer = args.engine_url, args.model, args.tokenizer
+        kind = "external" if engine_url else _engine_kind(args.engine, console)
+        if kind == "vllm":
+            from rollout_service.engines import vllm_local
+
+            eport = free_port()
+            mdir = vllm_local.model_dir(args.vllm_model)
+            argv, venv = vllm_local.serve_command(mdir, eport, args.vllm_model)
+            engine_url, model, tokenizer = f"http://127.0.0.1:{eport}", args.vllm_model, str(mdir)
+            sup.add(Child(f"engine (vLLM, {args.vllm_model}, CPU)", argv, {**env, **venv}, f"{engine_url}/health",
+                          log=logs / "vllm.log"), timeout=300)
+        elif kind == "sim":
+            eport = free_port()
+            engine_url, tokenizer = f"http://127.0.0.1:{eport}", "byte"
+            sup.add(Child("engine (simulated)", self_cmd("sim-engine", "--port", str(eport), "--time-scale",
+                                                         str(args.sim_time_scale)),
+                          env, f"{engine_url}/health", log=logs / "engine.log"))
+        _register_engine(redis_url, s.key_prefix, "engine-0", engine_url, model, tokenizer)
+
+        for i in range(args.env_workers):
+            wport = free_port()
+            sup.add(Child(f"env worker {i}", self_cmd("env-worker", "--port", str(wport), "--id", f"env-{i}"),
+                          env, f"http://127.0.0.1:{wport}/healthz", log=logs / f"env-worker-{i}.log"))
+        for i in range(args.workers):
+            sup.add(Child(f"rollout worker {i}", self_cmd("worker"), env, log=logs / f"worker-{i}.log"))
+        if args.pd_allocation:
+            sup.add(Child("prefill/decode allocator", self_cmd("allocator"), env, log=logs / "allocator.log"))
+        sup.add(Child("gateway", self_cmd("gateway", "--host", s.host, "--port", str(s.port)), env,
+                      f"http://{s.host}:{s.port}/healthz", log=logs / "gateway.log"))
+        console.print(f"\n[bold green]ready[/]  gateway http://{s.host}:{s.port}  (API docs: /docs)   logs: {logs}")
+        console.print("try:  rollout submit examples/math.jsonl --group-size 4 --wait      (Ctrl-C stops)")
+        sup.watch()
+    except KeyboardInterrupt:
+        console.print("\nstopping…")
+    finally:
+        sup.stop_all()
+
+
+def _engine_kind(choice: str, console) -> str:
+    """auto: vLLM when `rollout engine prepare` has built it here, else the simulated engine."""
+    if choice != "auto":
+        return choice
+    from rollout_service.engines import vllm_local
+
+    if vllm_local.is_prepared("smollm2"):
+        return "vllm"
+    console.print("  [dim]no vLLM prepared here (`rollout engine prepare`): using the simulated engine[/]")
+    return "sim"
+
+
+def _register_engine(redis_url: str, prefix: str, eid: str, url: str, model: str, tokenizer: str) -> None:
+    import redis
+
+    from rollout_service.protocol import EngineInfo
+    from scheduler.keys import Keys
+
+    info = EngineInfo(id=eid, url=url, model=model, tokenizer=tokenizer)
+    redis.Redis.from_url(redis_url).hset(Keys(prefix).engines, eid, info.model_dump_json())
