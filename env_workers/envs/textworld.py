@@ -10,6 +10,13 @@ command per turn:
 
 It can carry one object. Reward is sparse: 1.0 the turn the goal holds (the episode ends),
 else 0; after `max_steps` commands the episode is truncated.
+
+A task is `{"seed": N}` and optionally `"level"`, a curriculum for small models:
+- 1: one room; the object lies on an open receptacle, the target is open, no cleaning; the
+  intro lists what lies where. Two commands win (`take`, `put`).
+- 2: one room with closed receptacles (and the sink, in the kitchen); the intro lists what
+  lies on the open ones. Up to five commands.
+- 3 (the default): the whole house.
 """
 
 from __future__ import annotations
@@ -64,7 +71,14 @@ class World:
         return obj in self.contents[rec] and (not clean or obj in self.clean)
 
 
-def generate(seed: int) -> World:
+LEVELS = (1, 2, 3)
+
+
+def generate(seed: int, level: int = 3) -> World:
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {LEVELS}, not {level!r}")
+    if level < 3:
+        return _one_room(seed, level)
     rng = random.Random(seed)
     names = ["kitchen"] + rng.sample(sorted(set(_ROOMS) - {"kitchen"}), rng.randint(2, 3))
     rng.shuffle(names)
@@ -89,6 +103,29 @@ def generate(seed: int) -> World:
     return w
 
 
+def _one_room(seed: int, level: int) -> World:
+    """Levels 1 and 2: the start room is the whole world."""
+    rng = random.Random(seed)
+    opened = [r for r, recs in _ROOMS.items() if sum(not c and n != "sink" for n, c in recs) >= 2]
+    room = rng.choice(sorted(opened if level == 1 else set(_ROOMS) - {"living room"}))
+    recs = [n for n, c in _ROOMS[room] if n != "sink" and (level == 2 or not c)]
+    closed = {n for n, c in _ROOMS[room] if c}
+    contents: dict[str, list[str]] = {n: [] for n, _ in _ROOMS[room]}
+    for obj in rng.sample(_OBJECTS, 3):
+        contents[rng.choice(recs)].append(obj)
+    w = World({room: [n for n, _ in _ROOMS[room]]}, {room: []}, {n: room for n in contents}, closed, contents,
+              here=room)
+    obj = rng.choice(sorted(o for n in recs for o in contents[n]))
+    target = rng.choice([n for n in recs if obj not in contents[n]])
+    w.goal = (obj, target, level == 2 and room == "kitchen" and obj in _CLEANABLE and rng.random() < 0.5)
+    return w
+
+
+def survey(w: World) -> str:
+    """What lies on each receptacle of this room, or that it is closed (the intro of levels 1 and 2)."""
+    return " ".join(_visible(w, rec) for rec in w.rooms[w.here] if rec != "sink")
+
+
 def _visible(w: World, rec: str) -> str:
     if rec in w.closed:
         return f"The {rec} is closed."
@@ -98,7 +135,8 @@ def _visible(w: World, rec: str) -> str:
 
 def describe(w: World) -> str:
     recs = ", ".join(w.rooms[w.here])
-    return f"You are in the {w.here}. You see: {recs}. Exits: {', '.join(w.exits[w.here])}."
+    exits = f" Exits: {', '.join(w.exits[w.here])}." if w.exits[w.here] else ""
+    return f"You are in the {w.here}. You see: {recs}.{exits}"
 
 
 class TextWorldEnv:
@@ -110,9 +148,13 @@ class TextWorldEnv:
     def reset(self, task: dict[str, Any], seed: int | None = None) -> tuple[list[Message], dict[str, Any]]:
         if "seed" not in task:
             raise EnvError("a textworld task needs 'seed'")
-        self._w = generate(int(task["seed"]))
+        level = task.get("level", 3)
+        if level not in LEVELS:
+            raise EnvError(f"textworld 'level' must be one of {LEVELS}, not {level!r}")
+        self._w = generate(int(task["seed"]), level)
         self._steps, self._done = 0, False
-        intro = f"{describe(self._w)}\n{self._w.goal_text()}"
+        intro = describe(self._w) + (f" {survey(self._w)}" if level < 3 else "")
+        intro = f"{intro}\n{self._w.goal_text()}"
         return [Message(role="system", content=SYSTEM), Message(role="user", content=intro)], {"goal": list(self._w.goal)}
 
     def step(self, action: str) -> StepResult:
@@ -188,4 +230,4 @@ class TextWorldEnv:
 
 
 register(EnvSpec("textworld", TextWorldEnv, "household text game: rooms, receptacles, objects; sparse success reward",
-                 example_tasks=[{"seed": 0}, {"seed": 11}]))
+                 example_tasks=[{"seed": 0}, {"seed": 11}, {"seed": 5, "level": 1}]))

@@ -67,3 +67,41 @@ def test_runs_out_of_steps():
     env = TextWorldEnv(max_steps=3)
     env.reset({"seed": 1})
     assert [env.step("look").truncated for _ in range(3)] == [False, False, True]
+
+
+@pytest.mark.parametrize("level", [1, 2])
+@pytest.mark.parametrize("seed", range(30))
+def test_easier_levels_are_one_room_and_winnable(seed, level):
+    w = generate(seed, level)
+    assert list(w.rooms) == [w.here] and w.where[w.goal[1]] == w.here
+    if level == 1:
+        src = next(r for r, objs in w.contents.items() if w.goal[0] in objs)
+        assert src not in w.closed and w.goal[1] not in w.closed and not w.goal[2]
+    env = TextWorldEnv()
+    env.reset({"seed": seed, "level": level})
+    plan = expert(generate(seed, level))
+    assert len(plan) <= (2 if level == 1 else 5)
+    rewards = [env.step(a).reward for a in plan]
+    assert rewards == [0.0] * (len(plan) - 1) + [1.0]
+
+
+def test_level_one_intro_shows_where_things_are():
+    obs, _ = TextWorldEnv().reset({"seed": 4, "level": 1})
+    w = generate(4, 1)
+    obj = w.goal[0]
+    src = next(r for r, objs in w.contents.items() if obj in objs)
+    assert f"On/in the {src} you see:" in obs[1].content and obj in obs[1].content
+    assert "Exits" not in obs[1].content
+
+
+def test_level_two_sometimes_hides_the_object():
+    hidden = [s for s in range(40) if any(generate(s, 2).goal[0] in generate(s, 2).contents[r]
+                                          for r in generate(s, 2).closed)]
+    assert hidden  # the curriculum's middle step needs `open`
+
+
+def test_unknown_level_is_an_env_error():
+    from env_workers.env import EnvError
+
+    with pytest.raises(EnvError, match="level"):
+        TextWorldEnv().reset({"seed": 1, "level": 7})
