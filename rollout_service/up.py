@@ -155,7 +155,7 @@ def run(args, console) -> None:
     s = Settings.from_env(port=args.port)
     if port_in_use(s.host, s.port):
         raise SystemExit(f"port {s.port} is taken; pass --port")
-    logs = cache_dir() / "logs"
+    logs = cache_dir() / "logs" / f"port-{s.port}"  # two `rollout up` on one machine never share a log
     logs.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     sup = Supervisor(say=console.print, status=console.status)

@@ -1,14 +1,11 @@
 """Two GRPO steps through the real service (`rollout up --engine vllm`, SmolLM2 on CPU):
 rollouts, a training step, new weights saved to a new folder and pushed; the policy version
-advances and the engine's output changes. The full learning run is `examples/grpo_calc.py`."""
+advances and the engine's output changes. The full learning run is `python -m examples.grpo`."""
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -18,16 +15,16 @@ pytestmark = pytest.mark.integration
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-_spec = importlib.util.spec_from_file_location("grpo_calc", Path(__file__).parents[2] / "examples" / "grpo_calc.py")
-grpo_calc = importlib.util.module_from_spec(_spec)
-sys.modules["grpo_calc"] = grpo_calc  # dataclasses look their module up there
-_spec.loader.exec_module(grpo_calc)
+from examples.grpo import trainer as grpo
+from examples.grpo.__main__ import service
+from examples.grpo.learner import Learner
+from examples.grpo.tasks import TASKS
 
-PROBE = grpo_calc.task(123)
+PROBE = TASKS["calc"].make(123, 1)
 
 
 async def _greedy(client, cfg):
-    [t] = await grpo_calc.rollouts(client, [PROBE], cfg, 1, {**cfg.sampling, "temperature": 0.0})
+    [t] = await grpo.rollouts(client, [PROBE], cfg, 1, {**cfg.sampling, "temperature": 0.0})
     return t.turns[0].output_ids, t.turns[0].output_logprobs, t.policy_versions
 
 
@@ -40,17 +37,17 @@ def test_two_grpo_steps_move_the_engine(tmp_path, prefix, monkeypatch, mode):
     monkeypatch.setenv("ROLLOUT_KEY_PREFIX", prefix)  # `rollout up` children inherit it
     # Tiny steps, a high learning rate (so that two steps surely show in bf16 weights) and a
     # bonus for the format (so that a group almost surely has reward variance).
-    cfg = grpo_calc.Config(out=tmp_path, mode=mode, steps=2, prompts=2, group_size=8, inflight=3, max_tokens=12,
+    cfg = grpo.Config(out=tmp_path, mode=mode, steps=2, prompts=2, group_size=8, inflight=3, max_tokens=12,
                            max_turns=2, lr=1e-4, format_bonus=0.5, eval_tasks=0, redis_url=REDIS_URL, keep=5)
 
     async def run():
         folder = vllm_local.prepare_model("smollm2")
-        learner = grpo_calc.Learner(folder, cfg)
-        with grpo_calc.service(cfg) as url:
+        learner = Learner(folder, cfg)
+        with service(cfg) as url:
             async with AsyncRolloutClient(url, timeout=120.0) as client:
                 start = await client.update_weights(path=str(folder))
                 before = await _greedy(client, cfg)
-                trainer = grpo_calc.Trainer(client, learner, cfg)
+                trainer = grpo.Trainer(client, learner, cfg)
                 trainer.version = start.version
                 for _ in range(3):  # a step whose groups all tie trains nothing: run more
                     await (trainer.run_async() if mode == "async" else trainer.run_sync())

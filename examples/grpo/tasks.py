@@ -1,0 +1,74 @@
+"""What the policy learns: an env of the catalog, a task per seed, and the trainer's shaping.
+
+A `TaskSpec` names the env, builds the task for a seed (training seeds are drawn below
+10**8, held-out seeds start at 10**9, so the two never meet), says which finished
+trajectories count as well-formed (the format bonus goes to those) and gives the sampling
+defaults that suit the env.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from env_workers.envs.problems import word_problem
+from rollout_service.protocol import Trajectory
+
+HELD_OUT_BASE = 10**9
+
+# Calc: one worked example of the two-turn exchange before every question. SmolLM2 never
+# solved a problem from the env's system prompt alone (no reward variance, no signal).
+EXAMPLE = ("Example:\nQuestion: Ben has 3 boxes with 4 cards in each. How many cards are there in all?\n"
+           "You: calc: 3 * 4\nCalculator: result: 12\nYou: answer: 12\n\nQuestion: ")
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSpec:
+    name: str
+    env: str
+    make: Callable[[int, int], dict]  # (seed, level) -> task
+    well_formed: Callable[[Trajectory], bool]
+    max_tokens: int
+    max_turns: int
+    format_bonus: float
+    well_formed_label: str
+
+
+def _calc(seed: int, level: int) -> dict:
+    p = word_problem(seed)
+    return {"question": EXAMPLE + p["question"], "answer": p["answer"]}
+
+
+def _calc_well_formed(t: Trajectory) -> bool:
+    """A successful tool call, then an answer (the env ends an episode only on an answer).
+    Rewarding the tool call alone teaches the model to call it forever."""
+    called = any(m.role == "user" and m.content.startswith("result:") for m in t.messages)
+    return called and t.state.value == "completed"
+
+
+def _household(seed: int, level: int) -> dict:
+    return {"seed": seed, "level": level}
+
+
+def _household_well_formed(t: Trajectory) -> bool:
+    """Picked up the object the goal names (a step on the way, whatever came after)."""
+    goal = t.task.get("seed") is not None and t.messages and _goal_object(t)
+    return bool(goal) and any(m.role == "user" and m.content.startswith(f"You take the {goal} ")
+                              for m in t.messages)
+
+
+def _goal_object(t: Trajectory) -> str | None:
+    intro = next((m.content for m in t.messages if m.role == "user"), "")
+    marker = "Your task is to: put a "
+    if marker not in intro:
+        return None
+    words = intro.split(marker, 1)[1].split(" in the ", 1)[0].split()
+    return words[-1] if words else None
+
+
+TASKS = {
+    "calc": TaskSpec("calc", "calc", _calc, _calc_well_formed, max_tokens=24, max_turns=3, format_bonus=0.2,
+                     well_formed_label="calc, then answer"),
+    "household": TaskSpec("household", "textworld", _household, _household_well_formed, max_tokens=16,
+                          max_turns=6, format_bonus=0.2, well_formed_label="took the goal object"),
+}
