@@ -178,13 +178,13 @@ class TextWorldEnv:
             return describe(w)
         if c in ("inventory", "i"):
             return f"You are carrying: {w.holding}." if w.holding else "You are carrying nothing."
-        if m := re.fullmatch(r"go (?:to )?(?:the )?(.+)", c):
+        if m := re.fullmatch(r"go (?:to )?(?:the |an? )?(.+)", c):
             room = m.group(1)
             if room not in w.exits[w.here]:
                 return f"You can't go to '{room}' from here. Exits: {', '.join(w.exits[w.here])}."
             w.here = room
             return describe(w)
-        if m := re.fullmatch(r"(open|close|examine) (?:the )?(.+)", c):
+        if m := re.fullmatch(r"(open|close|examine) (?:the |an? )?(.+)", c):
             verb, rec = m.groups()
             if rec not in in_room:
                 return f"There is no {rec} here."
@@ -194,7 +194,7 @@ class TextWorldEnv:
                 return f"The {rec} cannot be {verb}d."
             (w.closed.add if verb == "close" else w.closed.discard)(rec)
             return f"You {verb} the {rec}. " + (_visible(w, rec) if verb == "open" else "")
-        if m := re.fullmatch(r"take (?:the )?(.+?)(?: from (?:the )?.+)?", c):
+        if m := re.fullmatch(r"take (?:the |an? )?(.+?)(?: from (?:the |an? )?.+)?", c):
             obj = m.group(1)
             if w.holding:
                 return f"You are already carrying the {w.holding}."
@@ -204,7 +204,7 @@ class TextWorldEnv:
             w.contents[src].remove(obj)
             w.holding = obj
             return f"You take the {obj} from the {src}."
-        if m := re.fullmatch(r"put (?:the )?(.+?) (?:in|on|into|onto) (?:the )?(.+)", c):
+        if m := re.fullmatch(r"put (?:the |an? )?(.+?) (?:in|on|into|onto) (?:the |an? )?(.+)", c):
             obj, rec = m.groups()
             if w.holding != obj:
                 return f"You are not carrying a {obj}."
@@ -215,7 +215,7 @@ class TextWorldEnv:
             w.contents[rec].append(obj)
             w.holding = None
             return f"You put the {obj} in the {rec}."
-        if m := re.fullmatch(r"clean (?:the )?(.+?) (?:with|in) (?:the )?sink", c):
+        if m := re.fullmatch(r"clean (?:the |an? )?(.+?) (?:with|in) (?:the |an? )?sink", c):
             obj = m.group(1)
             if w.holding != obj:
                 return f"You are not carrying a {obj}."

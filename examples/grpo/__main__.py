@@ -195,7 +195,7 @@ async def compare(cfg: Config) -> dict:
 
 def parse(argv: list[str] | None = None) -> Config:
     d = Config()
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m examples.grpo", description=__doc__.split("\n\n")[0])
     ap.add_argument("--url", help="a running service (default: start `rollout up --engine vllm`)")
     ap.add_argument("--redis-url", help="with no --url: the Redis `rollout up` uses (default: embedded)")
     ap.add_argument("--out", type=Path, help="checkpoints, history, plot (default /tmp/grpo-TASK)")

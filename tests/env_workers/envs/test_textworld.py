@@ -105,3 +105,12 @@ def test_unknown_level_is_an_env_error():
 
     with pytest.raises(EnvError, match="level"):
         TextWorldEnv().reset({"seed": 1, "level": 7})
+
+
+def test_articles_are_understood():
+    w = generate(4, 1)
+    obj, target, _ = w.goal
+    env = TextWorldEnv()
+    env.reset({"seed": 4, "level": 1})
+    assert env.step(f"take a {obj}").observation[0].content.startswith(f"You take the {obj}")
+    assert env.step(f"put the {obj} in a {target}").reward == 1.0
