@@ -77,7 +77,9 @@ def cmd_serve(args) -> None:
             judge_tokenizer=args.judge_tokenizer), say=console.print)
     try:
         with stack as url:
-            grader = Grader(state, ServiceEvaluator(url, spec, state.test_tasks(), tag=cfg.run), engine=engine)
+            evaluator = ServiceEvaluator(url, spec, state.test_tasks(), timeout_s=args.eval_timeout_min * 60,
+                                         tag=cfg.run)
+            grader = Grader(state, evaluator, engine=engine)
             with console.status("scoring the base model on the hidden test tasks…"):
                 try:
                     run = asyncio.run(grader.start())
@@ -107,7 +109,7 @@ def cmd_sim_judge(args) -> None:
 def cmd_summary(args) -> None:
     from benchmarks.rlbench import summary
 
-    summary.main(args.states, args.json)
+    summary.main(args.states, args.json, args.margin)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -136,6 +138,8 @@ def main(argv: list[str] | None = None) -> None:
     sp.add_argument("--redis-url", help="Redis for the grading service (default: an embedded one in STATE/redis)")
     sp.add_argument("--key-prefix", help="its Redis key prefix (default rlbench:RUN:)")
     sp.add_argument("--service-url", help="grade through this running rollout service instead of a private one")
+    sp.add_argument("--eval-timeout-min", type=float, default=60.0,
+                    help="longest one evaluation may take, then it fails with 503 (default 60)")
     sp.add_argument("--judge-url", help="judge tasks: a fixed engine (vLLM API) to judge with (default: base model)")
     sp.add_argument("--judge-model", default="judge", help="--judge-url's served model name")
     sp.add_argument("--judge-tokenizer", default="byte", help="--judge-url's tokenizer folder")
@@ -144,14 +148,16 @@ def main(argv: list[str] | None = None) -> None:
     sp = sub.add_parser("summary", help="per-run summary of recorded runs; one line per figure")
     sp.add_argument("states", nargs="+", help="grader state folders")
     sp.add_argument("--json", help="also write the summaries to this JSON file")
+    sp.add_argument("--margin", type=float, default=0.0,
+                    help="an improvement is a score above baseline + margin (default 0; see README: noise)")
     sp.set_defaults(fn=cmd_summary)
 
     # Parts of the grading service (started by `serve`).
-    sp = sub.add_parser("env-worker", help=argparse.SUPPRESS)
+    sp = sub.add_parser("env-worker", help="(internal, started by serve) env worker whose judge is pinned")
     sp.add_argument("--port", type=int, required=True)
     sp.add_argument("--judge-prefix", required=True)
     sp.set_defaults(fn=cmd_env_worker)
-    sp = sub.add_parser("sim-judge", help=argparse.SUPPRESS)
+    sp = sub.add_parser("sim-judge", help="(internal, started by serve) the simulated judge engine")
     sp.add_argument("--port", type=int, required=True)
     sp.set_defaults(fn=cmd_sim_judge)
 

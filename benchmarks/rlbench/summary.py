@@ -38,14 +38,16 @@ class RunSummary:
     failures: dict[str, int] = field(default_factory=dict)
 
 
-def summarize(records: list[RunRecord | SubmissionRecord]) -> list[RunSummary]:
+def summarize(records: list[RunRecord | SubmissionRecord], margin: float = 0.0) -> list[RunSummary]:
+    """`margin`: the first improvement is the first score above baseline + margin (greedy
+    evaluation on a CPU engine is not bit-exact: a copy of the base model can gain a task)."""
     runs = [r for r in records if isinstance(r, RunRecord)]
     out = []
     for run in runs:
         subs = sorted((s for s in records if isinstance(s, SubmissionRecord) and s.run == run.run), key=lambda s: s.n)
         scored = [s for s in subs if s.status is Status.scored]
         best = max([run.baseline, *(s.score for s in scored)])
-        first = next((s.t_s for s in scored if s.score > run.baseline), None)
+        first = next((s.t_s for s in scored if s.score > run.baseline + margin), None)
         failures: Counter[str] = Counter()
         for s in subs:
             failures.update(s.failures)
@@ -85,13 +87,13 @@ def lines(s: RunSummary) -> list[str]:
     ]
 
 
-def main(state_dirs: list[str], json_path: str | None = None) -> list[RunSummary]:
+def main(state_dirs: list[str], json_path: str | None = None, margin: float = 0.0) -> list[RunSummary]:
     summaries: list[RunSummary] = []
     for d in state_dirs:
         path = Path(d) / "records.jsonl"
         if not path.is_file():
             raise SystemExit(f"{d}: no records.jsonl (is it a grader state folder whose grader has started?)")
-        summaries += summarize(Records(path).read())
+        summaries += summarize(Records(path).read(), margin)
     for s in summaries:
         print("\n".join(lines(s)))
     if json_path:

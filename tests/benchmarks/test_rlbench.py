@@ -313,3 +313,4 @@ def test_summary_from_records(tmp_path, capsys):
     assert "0:00 0.5000 base | 1:00 0.4000 | 5:00 0.6000" in out
     assert "engine=5 env=2 timeout=1" in out
     assert len(json.loads((tmp_path / "out.json").read_text())) == 2
+    assert summary.summarize(records.read(), margin=0.1)[0].first_improvement_s is None  # 0.6 is not > 0.5 + 0.1
