@@ -193,7 +193,10 @@ def create_app(max_sessions: int = 1024, idle_s: float = 600.0, registration=Non
 
 
 def serve(host: str, port: int, redis_url: str | None, prefix: str, worker_id: str | None = None,
-          advertise: str | None = None, pool_size: PoolSize = DEFAULT_POOL) -> None:
+          advertise: str | None = None, pool_size: PoolSize = DEFAULT_POOL, judge_prefix: str | None = None) -> None:
+    """`judge_prefix`: the registry (Redis key prefix) whose engines the `judge` env asks;
+    default the service's own. A separate one pins the judge to engines that training never
+    updates (the model under training must not grade itself)."""
     import uvicorn
 
     registration = None
@@ -205,6 +208,6 @@ def serve(host: str, port: int, redis_url: str | None, prefix: str, worker_id: s
         info = WorkerInfo(id=worker_id or f"env-{host}-{port}", url=advertise or f"http://{host}:{port}",
                           envs=registry.names())
         registration = (aioredis.from_url(redis_url), Keys(prefix), info)
-        judge.configure(judge.EngineJudge(redis_url, prefix))  # the `judge` env asks the fleet
+        judge.configure(judge.EngineJudge(redis_url, judge_prefix or prefix))  # the `judge` env asks the fleet
     uvicorn.run(create_app(registration=registration, pool_size=pool_size), host=host, port=port,
                 log_level="warning")

@@ -113,7 +113,7 @@ def cmd_env_worker(args) -> None:
 
     s = Settings.from_env()
     serve(args.host, args.port, s.redis_url, s.key_prefix, args.id, args.advertise,
-          PoolSize(warm=s.sandbox_warm, cap=s.sandbox_cap, wait_s=s.sandbox_wait_s))
+          PoolSize(warm=s.sandbox_warm, cap=s.sandbox_cap, wait_s=s.sandbox_wait_s), args.judge_prefix)
 
 
 def cmd_sim_engine(args) -> None:
@@ -380,6 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--id", default=None, help="worker id in the registry (default env-HOST-PORT)")
     sp.add_argument("--advertise", default=None,
                     help="URL rollout workers use to reach this worker (default http://HOST:PORT)")
+    sp.add_argument("--judge-prefix", default=None,
+                    help="Redis key prefix of the engines the `judge` env asks (default: the service's own)")
     sp.set_defaults(fn=cmd_env_worker)
 
     sp = sub.add_parser("sim-engine", help="serve the simulated engine over vLLM's completions API")

@@ -94,12 +94,6 @@ def cmd_serve(args) -> None:
         console.print("stopping…")
 
 
-def cmd_env_worker(args) -> None:
-    from benchmarks.rlbench.stack import serve_env_worker
-
-    serve_env_worker(args.port, args.judge_prefix)
-
-
 def cmd_sim_judge(args) -> None:
     from benchmarks.rlbench.stack import serve_sim_judge
 
@@ -153,10 +147,6 @@ def main(argv: list[str] | None = None) -> None:
     sp.set_defaults(fn=cmd_summary)
 
     # Parts of the grading service (started by `serve`).
-    sp = sub.add_parser("env-worker", help="(internal, started by serve) env worker whose judge is pinned")
-    sp.add_argument("--port", type=int, required=True)
-    sp.add_argument("--judge-prefix", required=True)
-    sp.set_defaults(fn=cmd_env_worker)
     sp = sub.add_parser("sim-judge", help="(internal, started by serve) the simulated judge engine")
     sp.add_argument("--port", type=int, required=True)
     sp.set_defaults(fn=cmd_sim_judge)

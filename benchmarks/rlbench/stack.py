@@ -4,8 +4,8 @@
     policy engine   simulated, or vLLM serving the base model      registry prefix P
     judge engine    judge tasks only: a simulated judge, vLLM       registry prefix P + "judge:"
                     serving the base model, or a URL given
-    env worker      env_workers.server's app, with its `judge` env asking the fleet under
-                    P + "judge:" (the stock env worker would ask P's: the very model graded)
+    env worker      `rollout env-worker --judge-prefix P"judge:"`: its `judge` env asks that
+                    registry's engines (the default, P's, would be the very model graded)
     rollout up      --engine-url POLICY --env-workers 0: a rollout worker and the gateway, under P
 
 Loading a submission (`POST /v1/weights` on this gateway) reloads every engine under P, which
@@ -93,8 +93,9 @@ class GradingStack:
             register_engine(redis_url, cfg.judge_prefix, "judge", judge_url, jmodel, jtok)
 
         wport = free_port()
-        self.sup.add(Child("env worker (fixed judge)", [sys.executable, "-m", "benchmarks.rlbench", "env-worker",
-                                                        "--port", str(wport), "--judge-prefix", cfg.judge_prefix],
+        self.sup.add(Child("env worker (fixed judge)", self_cmd("env-worker", "--port", str(wport),
+                                                                "--id", f"rlbench-env-{wport}",
+                                                                "--judge-prefix", cfg.judge_prefix),
                            env, f"http://127.0.0.1:{wport}/healthz", log=cfg.logs / "env-worker.log"))
         gport = free_port()
         self.url = f"http://127.0.0.1:{gport}"
@@ -154,27 +155,6 @@ def _wait_for_workers(url: str, timeout: float) -> None:
 
 
 # ---- the two processes of the stack that the `rollout` command has no entry point for ----
-
-def serve_env_worker(port: int, judge_prefix: str) -> None:
-    """`env_workers.server.serve`, except that the `judge` env asks the fleet under `judge_prefix`."""
-    import redis.asyncio as aioredis
-    import uvicorn
-
-    from env_workers import registry
-    from env_workers.envs import judge
-    from env_workers.server import create_app
-    from rollout_service.config import Settings
-    from rollout_service.protocol import WorkerInfo
-    from scheduler.keys import Keys
-    from scheduler.resources import PoolSize
-
-    s = Settings.from_env()
-    info = WorkerInfo(id=f"rlbench-env-{port}", url=f"http://127.0.0.1:{port}", envs=registry.names())
-    judge.configure(judge.EngineJudge(s.redis_url, judge_prefix))
-    app = create_app(registration=(aioredis.from_url(s.redis_url), Keys(s.key_prefix), info),
-                     pool_size=PoolSize(warm=s.sandbox_warm, cap=s.sandbox_cap, wait_s=s.sandbox_wait_s))
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
-
 
 _RESPONSE = re.compile(r"RESPONSE:\n(.*?)\n\nGrade it now", re.DOTALL)
 

@@ -46,7 +46,10 @@ SYSTEM = (
     "look | inventory | go <room> | open <receptacle> | close <receptacle> | examine <receptacle> | "
     "take <object> | put <object> in <receptacle> | clean <object> with sink\n"
     "You can carry one object. Closed receptacles must be opened before you can see or use what is inside. "
-    "Reply with the command only, e.g. 'go kitchen' or 'put mug in cabinet'."
+    "Reply with the command only, e.g. 'go kitchen' or 'put mug in cabinet'.\n\n"
+    "Example game:\nYou are in the bedroom. You see: bed, desk. On/in the bed you see: book. The desk is empty.\n"
+    "Your task is to: put a book in the desk.\n> take book\nYou take the book from the bed.\n"
+    "> put book in desk\nYou put the book in the desk. You have completed the task!"
 )
 
 
@@ -173,6 +176,7 @@ class TextWorldEnv:
     def command(self, cmd: str) -> str:
         w = self._w
         c = re.sub(r"\s+", " ", cmd.lower().strip(" .!'\"`"))
+        c = re.sub(r"^(?:>|you\s*:|command\s*:)\s*", "", c)  # a transcript's prompt mark, copied
         in_room = w.rooms[w.here]
         if c in ("look", "l"):
             return describe(w)

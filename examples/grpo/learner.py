@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rollout_service.engines import vllm_local
 from rollout_service.protocol import Trajectory
 
 if TYPE_CHECKING:
@@ -14,7 +15,8 @@ if TYPE_CHECKING:
 
 
 class Learner:
-    """The policy in fp32 (bf16 autocast for speed: pure bf16 weights would round most Adam
+    """The policy in fp32 (bf16 autocast for speed where the CPU computes bf16 natively: on an
+    AVX2-only CPU autocast made a forward+backward 28x slower; pure bf16 weights would round most Adam
     updates away), one optimizer step per training step."""
 
     def __init__(self, folder: Path, cfg: Config):
@@ -24,6 +26,7 @@ class Learner:
         torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
         self.torch, self.cfg, self.folder = torch, cfg, folder
+        self.bf16 = vllm_local.default_dtype() == "bfloat16"
         self.tok = AutoTokenizer.from_pretrained(folder)
         self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
         self.model.config.use_cache = False
@@ -40,7 +43,7 @@ class Learner:
         for i, x in enumerate(suffixes):
             ids[i, :len(x)], mask[i, :len(x)] = torch.as_tensor(x), 1
         p = len(prefix)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
             head = self.model(input_ids=torch.as_tensor([prefix]), use_cache=True, logits_to_keep=1)
             cache = head.past_key_values
             cache.batch_repeat_interleave(b)
@@ -96,15 +99,17 @@ class Learner:
         return stats
 
     def save(self, out: Path) -> Path:
-        """bf16 weights in a NEW folder (the engine's prefix cache and our old checkpoints
-        must never see a half-written file), with the config and tokenizer beside them."""
+        """The weights in the engine's dtype (bf16 rounds most single steps away; the fp32
+        master copy here keeps them), in a NEW folder (the engine's prefix cache and our old
+        checkpoints must never see a half-written file), with the config and tokenizer."""
         from safetensors.torch import save_file
 
         tmp = out.with_name(out.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         tied = getattr(self.model.config, "tie_word_embeddings", False)
-        state = {k: v.detach().to(self.torch.bfloat16).contiguous() for k, v in self.model.state_dict().items()
+        dtype = self.torch.bfloat16 if self.bf16 else self.torch.float32
+        state = {k: v.detach().to(dtype).contiguous() for k, v in self.model.state_dict().items()
                  if not (tied and k == "lm_head.weight")}
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         for f in self.folder.iterdir():

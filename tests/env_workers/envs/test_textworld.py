@@ -114,3 +114,12 @@ def test_articles_are_understood():
     env.reset({"seed": 4, "level": 1})
     assert env.step(f"take a {obj}").observation[0].content.startswith(f"You take the {obj}")
     assert env.step(f"put the {obj} in a {target}").reward == 1.0
+
+
+def test_a_copied_prompt_mark_is_ignored():
+    obj = generate(4, 1).goal[0]
+    env = TextWorldEnv()
+    env.reset({"seed": 4, "level": 1})
+    assert env.step(f"> take {obj}").observation[0].content.startswith(f"You take the {obj}")
+    env.reset({"seed": 4, "level": 1})
+    assert env.step(f"You: take {obj}").observation[0].content.startswith(f"You take the {obj}")
