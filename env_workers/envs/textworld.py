@@ -46,10 +46,13 @@ SYSTEM = (
     "look | inventory | go <room> | open <receptacle> | close <receptacle> | examine <receptacle> | "
     "take <object> | put <object> in <receptacle> | clean <object> with sink\n"
     "You can carry one object. Closed receptacles must be opened before you can see or use what is inside. "
-    "Reply with the command only, e.g. 'go kitchen' or 'put mug in cabinet'.\n\n"
+    "Reply with the command only, e.g. 'go kitchen' or 'put mug in cabinet'."
+)
+# Opens the first observation: a 135M model followed it there, not in the system prompt.
+EXAMPLE = (
     "Example game:\nYou are in the bedroom. You see: bed, desk. On/in the bed you see: book. The desk is empty.\n"
     "Your task is to: put a book in the desk.\n> take book\nYou take the book from the bed.\n"
-    "> put book in desk\nYou put the book in the desk. You have completed the task!"
+    "> put book in desk\nYou put the book in the desk. You have completed the task!\n\nYour game:\n"
 )
 
 
@@ -157,7 +160,7 @@ class TextWorldEnv:
         self._w = generate(int(task["seed"]), level)
         self._steps, self._done = 0, False
         intro = describe(self._w) + (f" {survey(self._w)}" if level < 3 else "")
-        intro = f"{intro}\n{self._w.goal_text()}"
+        intro = f"{EXAMPLE}{intro}\n{self._w.goal_text()}"
         return [Message(role="system", content=SYSTEM), Message(role="user", content=intro)], {"goal": list(self._w.goal)}
 
     def step(self, action: str) -> StepResult:

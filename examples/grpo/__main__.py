@@ -144,9 +144,9 @@ async def main_async(cfg: Config) -> dict:
             after = await held_out(client, cfg) if cfg.eval_tasks else float("nan")
             greedy = await held_out(client, cfg, greedy=True) if cfg.eval_greedy else None
     total = time.monotonic() - t0
-    print(f"held-out success after {cfg.steps} steps: {after:.3f}" + (f"  (greedy {greedy:.3f})" if greedy is not None
+    print(f"held-out success after {len(trainer.history)} steps: {after:.3f}" + (f"  (greedy {greedy:.3f})" if greedy is not None
                                                                          else ""))
-    print(f"mode {cfg.mode}: {cfg.steps} steps in {train_wall:.0f} s of training wall time "
+    print(f"mode {cfg.mode}: {len(trainer.history)} steps in {train_wall:.0f} s of training wall time "
           f"({total:.0f} s with both evaluations)")
     summary = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},
                "before": before, "after": after, "greedy_after": greedy, "train_wall_s": train_wall,
@@ -207,7 +207,7 @@ def parse(argv: list[str] | None = None) -> Config:
                  "eval_tasks", "eval_every", "seed", "threads", "keep"):
         ap.add_argument("--" + name.replace("_", "-"), type=int, default=None if name.startswith("max_t") else
                         getattr(d, name))
-    for name in ("lr", "clip", "temperature", "format_bonus"):
+    for name in ("lr", "clip", "temperature", "format_bonus", "max_minutes"):
         ap.add_argument("--" + name.replace("_", "-"), type=float, default=None if name == "format_bonus" else
                         getattr(d, name))
     ap.add_argument("--eval-greedy", action="store_true", help="also measure greedy held-out success at the end")

@@ -27,7 +27,7 @@ class TaskSpec:
     name: str
     env: str
     make: Callable[[int, int], dict]  # (seed, level) -> task
-    well_formed: Callable[[Trajectory], bool]
+    well_formed: Callable[[Trajectory], float]  # a format score in [0, 1]; the bonus is proportional
     max_tokens: int
     max_turns: int
     format_bonus: float
@@ -50,11 +50,15 @@ def _household(seed: int, level: int) -> dict:
     return {"seed": seed, "level": level}
 
 
-def _household_well_formed(t: Trajectory) -> bool:
-    """Picked up the object the goal names (a step on the way, whatever came after)."""
-    goal = t.task.get("seed") is not None and t.messages and _goal_object(t)
-    return bool(goal) and any(m.role == "user" and m.content.startswith(f"You take the {goal} ")
-                              for m in t.messages)
+def _household_well_formed(t: Trajectory) -> float:
+    """Half for commands the game understood (the share of turns), half for picking up the
+    object the goal names. The base model typed no valid command in 16 games: with the
+    success reward alone no group had variance."""
+    replies = [m.content for m in t.messages[2:] if m.role == "user"]
+    valid = sum(not r.startswith("Unknown command") for r in replies) / max(len(replies), 1)
+    goal = _goal_object(t)
+    took = bool(goal) and any(r.startswith(f"You take the {goal} ") for r in replies)
+    return 0.5 * valid + 0.5 * took
 
 
 def _goal_object(t: Trajectory) -> str | None:
@@ -62,13 +66,13 @@ def _goal_object(t: Trajectory) -> str | None:
     marker = "Your task is to: put a "
     if marker not in intro:
         return None
-    words = intro.split(marker, 1)[1].split(" in the ", 1)[0].split()
+    words = intro.rsplit(marker, 1)[1].split(" in the ", 1)[0].split()  # the last: after the example
     return words[-1] if words else None
 
 
 TASKS = {
     "calc": TaskSpec("calc", "calc", _calc, _calc_well_formed, max_tokens=24, max_turns=3, format_bonus=0.2,
                      well_formed_label="calc, then answer"),
-    "household": TaskSpec("household", "textworld", _household, _household_well_formed, max_tokens=16,
-                          max_turns=6, format_bonus=0.2, well_formed_label="took the goal object"),
+    "household": TaskSpec("household", "textworld", _household, _household_well_formed, max_tokens=12,
+                          max_turns=4, format_bonus=0.4, well_formed_label="valid commands, took the object"),
 }

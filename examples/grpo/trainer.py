@@ -43,6 +43,7 @@ class Config:
     max_tokens: int | None = None  # None: the task's default
     max_turns: int | None = None
     eval_tasks: int = 64
+    max_minutes: float = 0.0  # stop training after this much wall time (0: run all the steps)
     eval_every: int = 0  # also measure held-out success every N steps (0: before and after only)
     eval_greedy: bool = False
     seed: int = 0
@@ -115,6 +116,12 @@ class Trainer:
         self.history: list[StepRecord] = []
         self.t0 = time.monotonic()
 
+    def out_of_time(self) -> bool:
+        if self.cfg.max_minutes and time.monotonic() - self.t0 > self.cfg.max_minutes * 60:
+            print(f"--max-minutes {self.cfg.max_minutes:g} reached: training stops", flush=True)
+            return True
+        return False
+
     def next_task(self) -> dict:
         return self.cfg.spec.make(self.rng.randrange(10**8), self.cfg.level)
 
@@ -161,6 +168,8 @@ class Trainer:
     async def run_sync(self) -> None:
         first = len(self.history) + 1
         for step in range(first, first + self.cfg.steps):
+            if self.out_of_time():
+                break
             t0 = time.monotonic()
             trajs = await rollouts(self.client, [self.next_task() for _ in range(self.cfg.prompts)], self.cfg,
                                    self.cfg.group_size)
@@ -200,6 +209,8 @@ class Trainer:
             refill()
             first = len(self.history) + 1
             for step in range(first, first + cfg.steps):
+                if self.out_of_time():
+                    break
                 t0 = time.monotonic()
                 while len(ready) < cfg.prompts:  # early stop: train once enough usable groups are in
                     got = await asyncio.wait_for(done.get(), timeout=1800)

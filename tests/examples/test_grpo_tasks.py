@@ -26,14 +26,16 @@ def transcript(env, task: dict, actions: list[str], env_name: str) -> Trajectory
                       state=state, messages=messages, reward=0.0)
 
 
-def test_household_bonus_needs_the_goal_object_in_hand():
+def test_household_bonus_counts_valid_commands_and_the_goal_object_in_hand():
     spec = TASKS["household"]
     task = spec.make(7, 1)
     obj, target, _ = generate(7, 1).goal
     other = next(o for objs in generate(7, 1).contents.values() for o in objs if o != obj)
-    assert spec.well_formed(transcript(TextWorldEnv(), task, [f"take {obj}"], "textworld"))
-    assert not spec.well_formed(transcript(TextWorldEnv(), task, [f"take {other}"], "textworld"))
-    assert not spec.well_formed(transcript(TextWorldEnv(), task, [f"put {obj} in {target}"], "textworld"))
+    assert spec.well_formed(transcript(TextWorldEnv(), task, [f"take {obj}"], "textworld")) == 1.0
+    assert spec.well_formed(transcript(TextWorldEnv(), task, [f"take {other}"], "textworld")) == 0.5
+    assert spec.well_formed(transcript(TextWorldEnv(), task, [f"put {obj} in {target}"], "textworld")) == 0.5
+    assert spec.well_formed(transcript(TextWorldEnv(), task, ["dance", f"take {obj}"], "textworld")) == 0.75
+    assert spec.well_formed(transcript(TextWorldEnv(), task, ["dance"], "textworld")) == 0.0
 
 
 def test_calc_bonus_needs_a_call_then_an_answer():
@@ -56,7 +58,7 @@ def test_tasks_differ_by_seed_and_training_seeds_stay_below_held_out():
 
 def test_config_fills_the_task_defaults_and_rejects_unknown_tasks():
     cfg = Config(task="household")
-    assert (cfg.max_turns, cfg.max_tokens, cfg.format_bonus) == (6, 16, 0.2)
+    assert (cfg.max_turns, cfg.max_tokens, cfg.format_bonus) == (4, 12, 0.4)
     assert Config(task="calc", max_turns=5).max_turns == 5
     with pytest.raises(ValueError, match="unknown task"):
         Config(task="chess")
