@@ -52,7 +52,8 @@ SYSTEM = (
 EXAMPLE = (
     "Example game:\nYou are in the bedroom. You see: bed, desk. On/in the bed you see: book. The desk is empty.\n"
     "Your task is to: put a book in the desk.\n> take book\nYou take the book from the bed.\n"
-    "> put book in desk\nYou put the book in the desk. You have completed the task!\n\nYour game:\n"
+    "> put book in desk\nYou put the book in the desk. You have completed the task!\n\n"
+    "Now your game. Reply with one command only.\n"
 )
 
 
@@ -160,7 +161,7 @@ class TextWorldEnv:
         self._w = generate(int(task["seed"]), level)
         self._steps, self._done = 0, False
         intro = describe(self._w) + (f" {survey(self._w)}" if level < 3 else "")
-        intro = f"{EXAMPLE}{intro}\n{self._w.goal_text()}"
+        intro = f"{EXAMPLE}{intro}\n{self._w.goal_text()}\n>"
         return [Message(role="system", content=SYSTEM), Message(role="user", content=intro)], {"goal": list(self._w.goal)}
 
     def step(self, action: str) -> StepResult:
@@ -179,7 +180,8 @@ class TextWorldEnv:
     def command(self, cmd: str) -> str:
         w = self._w
         c = re.sub(r"\s+", " ", cmd.lower().strip(" .!'\"`"))
-        c = re.sub(r"^(?:>|you\s*:|command\s*:)\s*", "", c)  # a transcript's prompt mark, copied
+        # A transcript's prompt mark, copied; or the move narrated ("you take the mug").
+        c = re.sub(r"^(?:>|you\s*:|command\s*:|you |i )\s*", "", c)
         in_room = w.rooms[w.here]
         if c in ("look", "l"):
             return describe(w)

@@ -151,7 +151,7 @@ class Trainer:
                          sum(1 for t in trajs if not t.usable and t.id not in stale), len(stale),
                          sum(1 for t in trajs if len(set(t.policy_versions)) > 1),
                          rollout_s, t2 - t1, time.monotonic() - t2, time.monotonic() - self.t0,
-                         sum(map(cfg.spec.well_formed, usable)) / max(len(usable), 1), stats)
+                         sum(map(cfg.spec.well_formed, usable)) / max(len(usable), 1), train=stats)
         if cfg.eval_every and cfg.eval_tasks and step % cfg.eval_every == 0:
             t3 = time.monotonic()
             rec.held_out = await held_out(self.client, cfg)
