@@ -62,3 +62,42 @@ def test_config_fills_the_task_defaults_and_rejects_unknown_tasks():
     assert Config(task="calc", max_turns=5).max_turns == 5
     with pytest.raises(ValueError, match="unknown task"):
         Config(task="chess")
+
+
+def test_a_training_step_records_its_figures_and_pushes_new_weights(tmp_path):
+    """`train_and_push` with a stand-in learner and client: the bonus reaches the learner's
+    rewards, the policy version advances, and the record holds the env's own success."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from examples.grpo.trainer import Trainer
+
+    seen = {}
+
+    class Learner:
+        def step(self, trajs, advs):
+            seen["rewards"] = [t.reward for t in trajs]
+            return {"groups_trained": 1, "tokens": 4, "clip_frac": 0.0, "kl": 0.0, "loss": 0.0}
+
+        def save(self, out):
+            out.mkdir(parents=True)
+            return out
+
+    class Client:
+        async def update_weights(self, path):
+            seen["path"] = path
+            return SimpleNamespace(version=8)
+
+    spec = TASKS["household"]
+    obj = generate(7, 1).goal[0]
+    won = transcript(TextWorldEnv(), spec.make(7, 1), [f"take {obj}", f"put {obj} in {generate(7, 1).goal[1]}"],
+                     "textworld")
+    won.reward = 1.0
+    lost = transcript(TextWorldEnv(), spec.make(7, 1), ["dance"], "textworld").model_copy(update={"id": "b-0-1"})
+    cfg = Config(task="household", out=tmp_path, eval_tasks=0)
+    trainer = Trainer(Client(), Learner(), cfg)
+    trainer.version = 7
+    asyncio.run(trainer.train_and_push(1, [won, lost], 3.0, set()))
+    [rec] = trainer.history
+    assert seen["rewards"] == [1.0 + cfg.format_bonus, 0.0] and seen["path"].endswith("step-1")
+    assert (rec.version, rec.success, rec.well_formed, rec.train["groups_trained"]) == (8, 0.5, 0.5, 1)
