@@ -48,13 +48,18 @@ SYSTEM = (
     "You can carry one object. Closed receptacles must be opened before you can see or use what is inside. "
     "Reply with the command only, e.g. 'go kitchen' or 'put mug in cabinet'."
 )
-# Opens the first observation: a 135M model followed it there, not in the system prompt.
-EXAMPLE = (
-    "Example game:\nYou are in the bedroom. You see: bed, desk. On/in the bed you see: book. The desk is empty.\n"
-    "Your task is to: put a book in the desk.\n> take book\nYou take the book from the bed.\n"
-    "> put book in desk\nYou put the book in the desk. You have completed the task!\n\n"
-    "Now your game. Reply with one command only.\n"
-)
+# A worked game, played as chat turns before the real one: a 135M model that saw it as text in
+# the first observation narrated outcomes ("You put a towel in the bed.") instead of typing
+# commands; as its own earlier turns, it types commands.
+EXAMPLE: list[tuple[str, str]] = [
+    ("user", "You are in the bedroom. You see: bed, desk. On/in the bed you see: book. The desk is empty.\n"
+             "Your task is to: put a book in the desk."),
+    ("assistant", "take book"),
+    ("user", "You take the book from the bed."),
+    ("assistant", "put book in desk"),
+    ("user", "You put the book in the desk. You have completed the task!"),
+]
+NEW_GAME = "\n\nA new game.\n"
 
 
 @dataclass(slots=True)
@@ -161,8 +166,9 @@ class TextWorldEnv:
         self._w = generate(int(task["seed"]), level)
         self._steps, self._done = 0, False
         intro = describe(self._w) + (f" {survey(self._w)}" if level < 3 else "")
-        intro = f"{EXAMPLE}{intro}\n{self._w.goal_text()}\n>"
-        return [Message(role="system", content=SYSTEM), Message(role="user", content=intro)], {"goal": list(self._w.goal)}
+        example = [Message(role=r, content=c) for r, c in EXAMPLE]
+        example[-1] = Message(role="user", content=f"{example[-1].content}{NEW_GAME}{intro}\n{self._w.goal_text()}")
+        return [Message(role="system", content=SYSTEM), *example], {"goal": list(self._w.goal)}
 
     def step(self, action: str) -> StepResult:
         if self._done:
@@ -203,7 +209,7 @@ class TextWorldEnv:
                 return f"The {rec} cannot be {verb}d."
             (w.closed.add if verb == "close" else w.closed.discard)(rec)
             return f"You {verb} the {rec}. " + (_visible(w, rec) if verb == "open" else "")
-        if m := re.fullmatch(r"take (?:the |an? )?(.+?)(?: from (?:the |an? )?.+)?", c):
+        if m := re.fullmatch(r"(?:take|get|pick up) (?:the |an? )?(.+?)(?: (?:from|in|on|off) (?:the |an? )?.+)?", c):
             obj = m.group(1)
             if w.holding:
                 return f"You are already carrying the {w.holding}."

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from env_workers.envs.problems import word_problem
+from env_workers.envs.textworld import NEW_GAME
 from rollout_service.protocol import Trajectory
 
 HELD_OUT_BASE = 10**9
@@ -51,22 +52,27 @@ def _household(seed: int, level: int) -> dict:
 
 
 def _household_well_formed(t: Trajectory) -> float:
-    """Half for commands the game understood (the share of turns), half for picking up the
-    object the goal names. The base model typed no valid command in 16 games: with the
-    success reward alone no group had variance."""
-    replies = [m.content for m in t.messages[2:] if m.role == "user"]
+    """A quarter for commands the game understood (the share of turns), three quarters for
+    picking up the object the goal names: progress toward the goal, not just valid moves
+    (with half and half, the policy collapsed onto valid commands that went nowhere)."""
+    start = _game_start(t)
+    replies = [m.content for m in t.messages[start + 1:] if m.role == "user"]
     valid = sum(not r.startswith("Unknown command") for r in replies) / max(len(replies), 1)
-    goal = _goal_object(t)
+    goal = _goal_object(t.messages[start].content) if start >= 0 else None
     took = bool(goal) and any(r.startswith(f"You take the {goal} ") for r in replies)
-    return 0.5 * valid + 0.5 * took
+    return 0.25 * valid + 0.75 * took
 
 
-def _goal_object(t: Trajectory) -> str | None:
-    intro = next((m.content for m in t.messages if m.role == "user"), "")
+def _game_start(t: Trajectory) -> int:
+    """The index of the message that opens the real game (after the worked example)."""
+    return next((i for i, m in enumerate(t.messages) if m.role == "user" and NEW_GAME in m.content), -1)
+
+
+def _goal_object(intro: str) -> str | None:
     marker = "Your task is to: put a "
     if marker not in intro:
         return None
-    words = intro.rsplit(marker, 1)[1].split(" in the ", 1)[0].split()  # the last: after the example
+    words = intro.rsplit(marker, 1)[1].split(" in the ", 1)[0].split()
     return words[-1] if words else None
 
 

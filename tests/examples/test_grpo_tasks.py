@@ -32,9 +32,9 @@ def test_household_bonus_counts_valid_commands_and_the_goal_object_in_hand():
     obj, target, _ = generate(7, 1).goal
     other = next(o for objs in generate(7, 1).contents.values() for o in objs if o != obj)
     assert spec.well_formed(transcript(TextWorldEnv(), task, [f"take {obj}"], "textworld")) == 1.0
-    assert spec.well_formed(transcript(TextWorldEnv(), task, [f"take {other}"], "textworld")) == 0.5
-    assert spec.well_formed(transcript(TextWorldEnv(), task, [f"put {obj} in {target}"], "textworld")) == 0.5
-    assert spec.well_formed(transcript(TextWorldEnv(), task, ["dance", f"take {obj}"], "textworld")) == 0.75
+    assert spec.well_formed(transcript(TextWorldEnv(), task, [f"take {other}"], "textworld")) == 0.25
+    assert spec.well_formed(transcript(TextWorldEnv(), task, [f"put {obj} in {target}"], "textworld")) == 0.25
+    assert spec.well_formed(transcript(TextWorldEnv(), task, ["dance", f"take {obj}"], "textworld")) == 0.875
     assert spec.well_formed(transcript(TextWorldEnv(), task, ["dance"], "textworld")) == 0.0
 
 

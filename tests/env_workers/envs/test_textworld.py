@@ -90,8 +90,8 @@ def test_level_one_intro_shows_where_things_are():
     w = generate(4, 1)
     obj = w.goal[0]
     src = next(r for r, objs in w.contents.items() if obj in objs)
-    assert f"On/in the {src} you see:" in obs[1].content and obj in obs[1].content
-    assert "Exits" not in obs[1].content
+    assert f"On/in the {src} you see:" in obs[-1].content and obj in obs[-1].content
+    assert "Exits" not in obs[-1].content
 
 
 def test_level_two_sometimes_hides_the_object():
@@ -123,3 +123,20 @@ def test_a_copied_prompt_mark_is_ignored():
     assert env.step(f"> take {obj}").observation[0].content.startswith(f"You take the {obj}")
     env.reset({"seed": 4, "level": 1})
     assert env.step(f"You: take {obj}").observation[0].content.startswith(f"You take the {obj}")
+
+
+def test_the_worked_example_comes_as_earlier_turns():
+    obs, _ = TextWorldEnv().reset({"seed": 4, "level": 1})
+    assert [m.role for m in obs] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert obs[2].content == "take book"  # a command, as the model should type it
+    assert generate(4, 1).goal_text() in obs[-1].content
+
+
+@pytest.mark.parametrize("cmd", ["get {obj}", "pick up the {obj}", "take {obj} from the {src}", "take {obj} on {src}"])
+def test_take_has_its_usual_phrasings(cmd):
+    w = generate(4, 1)
+    obj = w.goal[0]
+    src = next(r for r, objs in w.contents.items() if obj in objs)
+    env = TextWorldEnv()
+    env.reset({"seed": 4, "level": 1})
+    assert env.step(cmd.format(obj=obj, src=src)).observation[0].content == f"You take the {obj} from the {src}."
