@@ -211,11 +211,13 @@ def parse(argv: list[str] | None = None) -> Config:
                  "eval_tasks", "eval_every", "seed", "threads", "keep"):
         ap.add_argument("--" + name.replace("_", "-"), type=int, default=None if name.startswith("max_t") else
                         getattr(d, name))
-    for name in ("lr", "clip", "temperature", "format_bonus", "max_minutes"):
+    for name in ("lr", "clip", "temperature", "format_bonus", "max_minutes", "target"):
         ap.add_argument("--" + name.replace("_", "-"), type=float, default=None if name == "format_bonus" else
                         getattr(d, name))
     ap.add_argument("--eval-greedy", action="store_true", help="also measure greedy held-out success at the end")
     a = ap.parse_args(argv)
+    if a.target and not a.eval_every:
+        ap.error("--target needs --eval-every N (the periodic held-out check it is compared with)")
     cfg = Config(**{k: v for k, v in vars(a).items()})
     cfg.out.mkdir(parents=True, exist_ok=True)
     return cfg

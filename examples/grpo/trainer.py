@@ -45,6 +45,7 @@ class Config:
     eval_tasks: int = 64
     max_minutes: float = 0.0  # stop training after this much wall time (0: run all the steps)
     eval_every: int = 0  # also measure held-out success every N steps (0: before and after only)
+    target: float = 0.0  # with eval_every: stop training once a periodic held-out success reaches it (0: never)
     eval_greedy: bool = False
     seed: int = 0
     threads: int = 2
@@ -117,8 +118,13 @@ class Trainer:
         self.t0 = time.monotonic()
 
     def out_of_time(self) -> bool:
+        """--max-minutes spent, or the last periodic held-out success reached --target."""
         if self.cfg.max_minutes and time.monotonic() - self.t0 > self.cfg.max_minutes * 60:
             print(f"--max-minutes {self.cfg.max_minutes:g} reached: training stops", flush=True)
+            return True
+        last = self.history[-1].held_out if self.history else None
+        if self.cfg.target and last is not None and last >= self.cfg.target:
+            print(f"held-out success {last:.3f} reached --target {self.cfg.target:g}: training stops", flush=True)
             return True
         return False
 

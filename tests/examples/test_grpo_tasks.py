@@ -101,3 +101,18 @@ def test_a_training_step_records_its_figures_and_pushes_new_weights(tmp_path):
     [rec] = trainer.history
     assert seen["rewards"] == [1.0 + cfg.format_bonus, 0.0] and seen["path"].endswith("step-1")
     assert (rec.version, rec.success, rec.well_formed, rec.train["groups_trained"]) == (8, 0.5, 0.5, 1)
+
+
+def test_training_stops_once_held_out_success_reaches_the_target(capsys):
+    from examples.grpo.__main__ import parse
+    from examples.grpo.trainer import StepRecord, Trainer
+
+    trainer = Trainer(client=None, learner=None, cfg=Config(task="household", target=0.9, eval_every=2))
+    record = StepRecord(2, 3, 0.5, 0.5, 48, 0, 0, 0, 1.0, 1.0, 1.0, 3.0, held_out=0.5)
+    trainer.history.append(record)
+    assert not trainer.out_of_time()
+    record.held_out = 0.92
+    assert trainer.out_of_time() and "reached --target 0.9" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        parse(["--task", "household", "--target", "0.9"])  # no periodic check to compare with
+    assert "--target needs --eval-every" in capsys.readouterr().err
