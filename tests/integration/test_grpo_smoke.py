@@ -20,7 +20,7 @@ from examples.grpo.__main__ import service
 from examples.grpo.learner import Learner
 from examples.grpo.tasks import TASKS
 
-PROBE = TASKS["calc"].make(123, 1)
+PROBE = TASKS["household"].make(123, 1)
 
 
 async def _greedy(client, cfg):
@@ -35,10 +35,11 @@ def test_two_grpo_steps_move_the_engine(tmp_path, prefix, monkeypatch, mode):
     from trainer_client import AsyncRolloutClient
 
     monkeypatch.setenv("ROLLOUT_KEY_PREFIX", prefix)  # `rollout up` children inherit it
-    # Tiny steps, a high learning rate (so that two steps surely show in bf16 weights) and a
-    # bonus for the format (so that a group almost surely has reward variance).
-    cfg = grpo.Config(out=tmp_path, mode=mode, steps=2, prompts=2, group_size=8, inflight=3, max_tokens=12,
-                           max_turns=2, lr=1e-4, format_bonus=0.5, eval_tasks=0, redis_url=REDIS_URL, keep=5)
+    # Tiny steps, a high learning rate (so that two steps surely show in bf16 weights), and the
+    # household game: its graded format score (the share of valid commands) almost surely
+    # differs inside a group of the base model (the calc bonus, all or nothing, once didn't).
+    cfg = grpo.Config(out=tmp_path, task="household", mode=mode, steps=2, prompts=2, group_size=8, inflight=3,
+                      max_tokens=12, max_turns=2, lr=1e-4, eval_tasks=0, redis_url=REDIS_URL, keep=5)
 
     async def run():
         folder = vllm_local.prepare_model("smollm2")
