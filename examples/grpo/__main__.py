@@ -1,7 +1,7 @@
 """GRPO through rollout-service: SmolLM2-135M-Instruct learns a tool, or a household game.
 
     python -m examples.grpo                                  # calc: starts `rollout up --engine vllm`, 30 steps
-    python -m examples.grpo --task household --steps 40      # the textworld game, level 1 (one room)
+    python -m examples.grpo --task household --eval-every 4 --target 0.95   # the textworld game, level 1
     python -m examples.grpo --mode async --max-staleness 1
     python -m examples.grpo --mode compare --steps 4         # sync vs async wall time, same steps
     python -m examples.grpo --url http://127.0.0.1:8000      # a running service on this machine
@@ -29,9 +29,14 @@ sharing the cores), calc: held-out success (64 fresh seeds, sampled at T=1) 0.00
 0.6 at step 15 (~8 min). `--mode compare --steps 6`: sync 206 s, async 265 s (on 2 cores
 the overlap only adds contention: training slows while rollouts keep running).
 
-Household (level 1, `--prompts 4 --lr 1e-4`, AVX2-only CPU, fp32): 48 steps in 33 min; the
-format score rose 0.04 -> 0.50 by step 4 (every command valid), held-out success stayed 0.000:
-the policy collapsed onto valid commands and never picked up the goal object. Not solved yet.
+Household (level 1, the task's defaults: 6 groups x 8 per step, lr 5e-5; `--eval-every 4
+--target 0.95`): held-out success (48 fresh games, sampled at T=1) 0.000 before, 0.146 at step
+4, 0.583 at step 8, 0.979 at step 12 (greedy 1.000), 974 s of training wall time; a first run
+with the same settings reached 0.958 at step 12 (17 min). What made it learnable: the worked
+example given as earlier chat turns (as text in the first observation the base model narrated
+outcomes, "You put a towel in the bed.", instead of typing commands) and a format score that
+pays for picking up the goal's object (paying for valid commands alone collapsed the policy
+onto valid moves that went nowhere). Figures: `docs/results/grpo-household-level1.*`.
 
 Needs torch and transformers (the `engine` extra) and matplotlib for the plot.
 """
@@ -57,7 +62,7 @@ import httpx
 
 from examples.grpo.learner import Learner
 from examples.grpo.tasks import TASKS
-from examples.grpo.trainer import Config, StepRecord, Trainer, held_out
+from examples.grpo.trainer import TASK_DEFAULTS, Config, StepRecord, Trainer, held_out
 from trainer_client import AsyncRolloutClient
 
 # ----------------------------------------------------------------------------- the service
@@ -209,11 +214,11 @@ def parse(argv: list[str] | None = None) -> Config:
                     help="compare: --steps in sync, then in async mode; wall times side by side")
     for name in ("steps", "prompts", "group_size", "inflight", "max_staleness", "max_tokens", "max_turns",
                  "eval_tasks", "eval_every", "seed", "threads", "keep"):
-        ap.add_argument("--" + name.replace("_", "-"), type=int, default=None if name.startswith("max_t") else
-                        getattr(d, name))
+        ap.add_argument("--" + name.replace("_", "-"), type=int,
+                        default=None if name in TASK_DEFAULTS else getattr(d, name))
     for name in ("lr", "clip", "temperature", "format_bonus", "max_minutes", "target"):
-        ap.add_argument("--" + name.replace("_", "-"), type=float, default=None if name == "format_bonus" else
-                        getattr(d, name))
+        ap.add_argument("--" + name.replace("_", "-"), type=float,
+                        default=None if name in TASK_DEFAULTS else getattr(d, name))
     ap.add_argument("--eval-greedy", action="store_true", help="also measure greedy held-out success at the end")
     a = ap.parse_args(argv)
     if a.target and not a.eval_every:

@@ -25,6 +25,9 @@ from trainer_client import AsyncRolloutClient
 from trainer_client.grpo import advantages, within_staleness
 
 
+TASK_DEFAULTS = ("prompts", "lr", "max_tokens", "max_turns", "format_bonus")  # None in a Config: from its task
+
+
 @dataclass(slots=True)
 class Config:
     url: str | None = None
@@ -33,11 +36,11 @@ class Config:
     level: int = 1  # household: the textworld level (1 and 2: one room; 3: the house)
     mode: str = "sync"
     steps: int = 30
-    prompts: int = 8  # groups per step
+    prompts: int | None = None  # groups per step (None: the task's default)
     group_size: int = 8
     inflight: int = 12  # async: groups kept running
     max_staleness: int = 1  # async: policy versions a turn may lag behind
-    lr: float = 2e-5
+    lr: float | None = None  # None: the task's default
     clip: float = 0.2
     temperature: float = 1.0
     max_tokens: int | None = None  # None: the task's default
@@ -60,7 +63,7 @@ class Config:
             raise ValueError(f"unknown task {self.task!r}; one of {sorted(TASKS)}")
         spec = self.spec
         self.out = Path(self.out or f"/tmp/grpo-{self.task}")
-        for name in ("max_tokens", "max_turns", "format_bonus"):
+        for name in TASK_DEFAULTS:
             if getattr(self, name) is None:
                 setattr(self, name, getattr(spec, name))
 

@@ -58,8 +58,9 @@ def test_tasks_differ_by_seed_and_training_seeds_stay_below_held_out():
 
 def test_config_fills_the_task_defaults_and_rejects_unknown_tasks():
     cfg = Config(task="household")
-    assert (cfg.max_turns, cfg.max_tokens, cfg.format_bonus) == (4, 12, 0.4)
+    assert (cfg.max_turns, cfg.max_tokens, cfg.format_bonus, cfg.prompts, cfg.lr) == (4, 12, 0.4, 6, 5e-5)
     assert Config(task="calc", max_turns=5).max_turns == 5
+    assert (Config(task="calc").prompts, Config(task="calc").lr) == (8, 2e-5)
     with pytest.raises(ValueError, match="unknown task"):
         Config(task="chess")
 
@@ -103,7 +104,7 @@ def test_a_training_step_records_its_figures_and_pushes_new_weights(tmp_path):
     assert (rec.version, rec.success, rec.well_formed, rec.train["groups_trained"]) == (8, 0.5, 0.5, 1)
 
 
-def test_training_stops_once_held_out_success_reaches_the_target(capsys):
+def test_training_stops_once_held_out_success_reaches_the_target(capsys, tmp_path):
     from examples.grpo.__main__ import parse
     from examples.grpo.trainer import StepRecord, Trainer
 
@@ -113,6 +114,8 @@ def test_training_stops_once_held_out_success_reaches_the_target(capsys):
     assert not trainer.out_of_time()
     record.held_out = 0.92
     assert trainer.out_of_time() and "reached --target 0.9" in capsys.readouterr().out
+    assert parse(["--task", "household", "--out", str(tmp_path)]).lr == 5e-5  # the task's, not calc's
+    assert parse(["--task", "household", "--lr", "1e-4", "--out", str(tmp_path)]).lr == 1e-4
     with pytest.raises(SystemExit):
         parse(["--task", "household", "--target", "0.9"])  # no periodic check to compare with
     assert "--target needs --eval-every" in capsys.readouterr().err
