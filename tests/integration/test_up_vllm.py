@@ -12,8 +12,6 @@ pytestmark = pytest.mark.integration
 
 
 def test_up_defaults_to_vllm_when_prepared(tmp_path):
-    import os
-
     from rollout_service.engines import vllm_local
 
     cache = vllm_local.cache_dir()  # the prepared venv and model, not a fresh tmp cache
@@ -28,6 +26,7 @@ def test_up_defaults_to_vllm_when_prepared(tmp_path):
         assert len(trajs) == 2 and all(t.failure is None for t in trajs)
         # SmolLM2's vocabulary, not the byte tokenizer's 259 ids
         assert max(max(t.token_ids) for t in trajs) > 259
-        assert (tmp_path / "up.log").exists() and os.path.exists(cache / "logs" / "vllm.log")
+        logs = cache / "logs" / f"port-{url.rsplit(':', 1)[1]}"  # one folder per `rollout up` port
+        assert (tmp_path / "up.log").exists() and (logs / "vllm.log").stat().st_size > 0
     finally:
         stop_up(proc)
