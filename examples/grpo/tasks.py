@@ -82,5 +82,6 @@ TASKS = {
     "calc": TaskSpec("calc", "calc", _calc, _calc_well_formed, max_tokens=24, max_turns=3, format_bonus=0.2,
                      well_formed_label="calc, then answer", prompts=8, lr=2e-5),
     "household": TaskSpec("household", "textworld", _household, _household_well_formed, max_tokens=12,
-                          max_turns=4, format_bonus=0.4, well_formed_label="valid commands, took the object", prompts=6, lr=5e-5),
+                          max_turns=4, format_bonus=0.4, well_formed_label="valid commands, took the object", prompts=6,
+                          lr=5e-5),
 }

@@ -120,7 +120,7 @@ class Trainer:
         self.history: list[StepRecord] = []
         self.t0 = time.monotonic()
 
-    def out_of_time(self) -> bool:
+    def should_stop(self) -> bool:
         """--max-minutes spent, or the last periodic held-out success reached --target."""
         if self.cfg.max_minutes and time.monotonic() - self.t0 > self.cfg.max_minutes * 60:
             print(f"--max-minutes {self.cfg.max_minutes:g} reached: training stops", flush=True)
@@ -177,7 +177,7 @@ class Trainer:
     async def run_sync(self) -> None:
         first = len(self.history) + 1
         for step in range(first, first + self.cfg.steps):
-            if self.out_of_time():
+            if self.should_stop():
                 break
             t0 = time.monotonic()
             trajs = await rollouts(self.client, [self.next_task() for _ in range(self.cfg.prompts)], self.cfg,
@@ -218,7 +218,7 @@ class Trainer:
             refill()
             first = len(self.history) + 1
             for step in range(first, first + cfg.steps):
-                if self.out_of_time():
+                if self.should_stop():
                     break
                 t0 = time.monotonic()
                 while len(ready) < cfg.prompts:  # early stop: train once enough usable groups are in

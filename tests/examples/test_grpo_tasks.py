@@ -111,9 +111,9 @@ def test_training_stops_once_held_out_success_reaches_the_target(capsys, tmp_pat
     trainer = Trainer(client=None, learner=None, cfg=Config(task="household", target=0.9, eval_every=2))
     record = StepRecord(2, 3, 0.5, 0.5, 48, 0, 0, 0, 1.0, 1.0, 1.0, 3.0, held_out=0.5)
     trainer.history.append(record)
-    assert not trainer.out_of_time()
+    assert not trainer.should_stop()
     record.held_out = 0.92
-    assert trainer.out_of_time() and "reached --target 0.9" in capsys.readouterr().out
+    assert trainer.should_stop() and "reached --target 0.9" in capsys.readouterr().out
     assert parse(["--task", "household", "--out", str(tmp_path)]).lr == 5e-5  # the task's, not calc's
     assert parse(["--task", "household", "--lr", "1e-4", "--out", str(tmp_path)]).lr == 1e-4
     with pytest.raises(SystemExit):
