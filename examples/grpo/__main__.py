@@ -37,6 +37,8 @@ example given as earlier chat turns (as text in the first observation the base m
 outcomes, "You put a towel in the bed.", instead of typing commands) and a format score that
 pays for picking up the goal's object (paying for valid commands alone collapsed the policy
 onto valid moves that went nowhere). Figures: `docs/results/grpo-household-level1.*`.
+Level 2 (`--level 2 --max-turns 6 --max-minutes 25`): 0.000 -> 0.104 (step 8) -> 0.167 after
+13 steps (25 min; ~190 s per early step), still rising.
 
 Needs torch and transformers (the `engine` extra) and matplotlib for the plot.
 """
