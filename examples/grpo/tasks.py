@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from env_workers.envs.problems import word_problem
-from env_workers.envs.textworld import NEW_GAME
+from env_workers.envs import textworld
 from rollout_service.protocol import Trajectory
 
 HELD_OUT_BASE = 10**9
@@ -57,25 +57,12 @@ def _household_well_formed(t: Trajectory) -> float:
     """A quarter for commands the game understood (the share of turns), three quarters for
     picking up the object the goal names: progress toward the goal, not just valid moves
     (with half and half, the policy collapsed onto valid commands that went nowhere)."""
-    start = _game_start(t)
-    replies = [m.content for m in t.messages[start + 1:] if m.role == "user"]
+    opening = 1 + len(textworld.EXAMPLE)  # the system prompt, the worked example, the real game's intro
+    replies = [m.content for m in t.messages[opening:] if m.role == "user"]
     valid = sum(not r.startswith("Unknown command") for r in replies) / max(len(replies), 1)
-    goal = _goal_object(t.messages[start].content) if start >= 0 else None
-    took = bool(goal) and any(r.startswith(f"You take the {goal} ") for r in replies)
+    goal = textworld.generate(int(t.task["seed"]), t.task.get("level", 3)).goal[0]  # the env's own world, not its text
+    took = any(r.startswith(f"You take the {goal} ") for r in replies)
     return 0.25 * valid + 0.75 * took
-
-
-def _game_start(t: Trajectory) -> int:
-    """The index of the message that opens the real game (after the worked example)."""
-    return next((i for i, m in enumerate(t.messages) if m.role == "user" and NEW_GAME in m.content), -1)
-
-
-def _goal_object(intro: str) -> str | None:
-    marker = "Your task is to: put a "
-    if marker not in intro:
-        return None
-    words = intro.rsplit(marker, 1)[1].split(" in the ", 1)[0].split()
-    return words[-1] if words else None
 
 
 TASKS = {
