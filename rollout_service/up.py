@@ -150,12 +150,17 @@ def self_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "rollout_service.cli", *args]
 
 
+def log_dir(port: int) -> Path:
+    """Where `rollout up --port PORT` writes its children's logs: two on one machine never share one."""
+    return cache_dir() / "logs" / f"port-{port}"
+
+
 def run(args, console) -> None:
     """`rollout up`: start every part, supervise them, stop them all on Ctrl-C or SIGTERM."""
     s = Settings.from_env(port=args.port)
     if port_in_use(s.host, s.port):
         raise SystemExit(f"port {s.port} is taken; pass --port")
-    logs = cache_dir() / "logs" / f"port-{s.port}"  # two `rollout up` on one machine never share a log
+    logs = log_dir(s.port)
     logs.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     sup = Supervisor(say=console.print, status=console.status)

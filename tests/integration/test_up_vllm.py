@@ -12,6 +12,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_up_defaults_to_vllm_when_prepared(tmp_path):
+    from rollout_service import up
     from rollout_service.engines import vllm_local
 
     cache = vllm_local.cache_dir()  # the prepared venv and model, not a fresh tmp cache
@@ -26,7 +27,7 @@ def test_up_defaults_to_vllm_when_prepared(tmp_path):
         assert len(trajs) == 2 and all(t.failure is None for t in trajs)
         # SmolLM2's vocabulary, not the byte tokenizer's 259 ids
         assert max(max(t.token_ids) for t in trajs) > 259
-        logs = cache / "logs" / f"port-{url.rsplit(':', 1)[1]}"  # one folder per `rollout up` port
+        logs = up.log_dir(int(url.rsplit(":", 1)[1]))  # under ROLLOUT_CACHE_DIR, as the child saw it
         assert (tmp_path / "up.log").exists() and (logs / "vllm.log").stat().st_size > 0
     finally:
         stop_up(proc)
