@@ -12,7 +12,6 @@ import contextlib
 
 import redis.asyncio as aioredis
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
 
 from rollout_service import __version__, errors
 from rollout_service.auth import ApiKeys, Principal
@@ -20,6 +19,7 @@ from rollout_service.config import Settings
 from rollout_service.metrics import Metrics
 from rollout_service.protocol import ErrorResponse
 from rollout_service.engines.fleet import Fleet
+from rollout_service.limits import BodyLimit
 from rollout_service.routes import admin, batches, board, health, sessions
 from rollout_service.sessions import Sessions
 from scheduler.keys import Keys
@@ -55,13 +55,12 @@ def create_app(settings: Settings | None = None, redis: aioredis.Redis | None = 
     app = FastAPI(title="rollout-service", version=__version__, lifespan=lifespan, responses=common,
                   description="Rollout-as-a-service for RL training of multi-turn LLM agents.")
     errors.install(app)
+    # Added first, so inside `count` (which sees its 413s): Starlette's BaseHTTPMiddleware would
+    # wrap the 413 raised while a route reads the body in an ExceptionGroup, and FastAPI make it a 400.
+    app.add_middleware(BodyLimit, limit=settings.max_request_bytes)
 
     @app.middleware("http")
-    async def limit_and_count(request: Request, call_next):
-        size = request.headers.get("content-length")
-        if size is not None and (not size.isdigit() or int(size) > settings.max_request_bytes):
-            return JSONResponse(errors.body("too_large", f"request body over {settings.max_request_bytes} bytes"),
-                                status_code=413)
+    async def count(request: Request, call_next):
         response = await call_next(request)
         route = request.scope.get("route")
         metrics = getattr(request.app.state, "metrics", None)

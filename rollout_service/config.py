@@ -16,6 +16,9 @@ class Settings:
     max_attempts: int = 3  # per trajectory, counting the first
     worker_concurrency: int = 32  # trajectories in flight per worker process
     max_request_bytes: int = 32 * 1024 * 1024
+    max_trajectories_per_batch: int = 10_000  # tasks × group_size of one request
+    max_task_bytes: int = 64 * 1024  # one task's JSON; Redis stores it once per trajectory, so × group_size
+    max_open_per_tenant: int = 50_000  # a tenant's trajectories queued or running at once (0: no cap); then 429
     sse_block_ms: int = 1000
     sandbox_warm: int = 2  # env worker: idle sandboxes kept ready per spec
     sandbox_cap: int = 64  # env worker: most sandboxes of one spec alive at once

@@ -4,7 +4,7 @@
     ├── ApiError(status, code)      rendered as {"error": {"code", "message", "details"}}
     │   ├── NotFound                404
     │   ├── Conflict                409
-    │   └── Overloaded              429 (backpressure: a bounded wait ran out)
+    │   └── Overloaded              429 (backpressure: a bounded wait ran out, a quota is full)
     └── (engine/env failures are data: see protocol.FailureKind)
 
 `install(app)` makes FastAPI render ApiError, validation errors, unknown routes and any
@@ -27,10 +27,12 @@ class ApiError(ServiceError):
     status = 400
     code = "bad_request"
 
-    def __init__(self, message: str, details: Any = None, *, status: int | None = None, code: str | None = None):
+    def __init__(self, message: str, details: Any = None, *, status: int | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None):
         super().__init__(message)
         self.message = message
         self.details = details
+        self.headers = headers  # e.g. Retry-After on a 429
         if status is not None:
             self.status = status
         if code is not None:
@@ -72,7 +74,7 @@ def install(app) -> None:  # app: fastapi.FastAPI (kept untyped: this module mus
 
     @app.exception_handler(ApiError)
     async def _api(_req, exc: ApiError):
-        return JSONResponse(body(exc.code, exc.message, exc.details), status_code=exc.status)
+        return JSONResponse(body(exc.code, exc.message, exc.details), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_req, exc: RequestValidationError):
@@ -83,7 +85,7 @@ def install(app) -> None:  # app: fastapi.FastAPI (kept untyped: this module mus
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(req, exc: StarletteHTTPException):
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        code = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}.get(exc.status_code, "http_error")
         headers = dict(getattr(exc, "headers", None) or {})
         if exc.status_code == 405:
             headers["Allow"] = ", ".join(_allowed_methods(req.app, req.url.path))

@@ -20,8 +20,9 @@ from typing import Annotated
 import httpx
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
-# Bounds on what one request may ask for (invariant: nothing unbounded).
-MAX_TRAJECTORIES_PER_BATCH = 10_000
+# Bounds on what one request may ask for (invariant: nothing unbounded). The gateway adds the
+# ones a deployment tunes: tasks × group_size, bytes per task and per request, open trajectories
+# per tenant (`Settings`, enforced in `rollout_service.limits`).
 MAX_GROUP_SIZE = 256
 MAX_TURNS = 256
 MAX_TOKENS_PER_TURN = 32_768
@@ -117,13 +118,6 @@ class RolloutRequest(_Input):
     @property
     def num_trajectories(self) -> int:
         return len(self.tasks) * self.group_size
-
-    @field_validator("tasks")
-    @classmethod
-    def _bounded(cls, tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        if len(tasks) > MAX_TRAJECTORIES_PER_BATCH:
-            raise ValueError(f"at most {MAX_TRAJECTORIES_PER_BATCH} tasks per batch")
-        return tasks
 
 
 class Message(_Wire):

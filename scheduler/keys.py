@@ -18,6 +18,7 @@
     {p}worker:{id}:phases         hash   a rollout worker's live trajectories by phase + forecast (TTL)
     {p}worker:{id}:pools          hash   an env worker's resource pool use, {kind}:{state} -> n (TTL)
     {p}tenant:{t}:batches         zset   a tenant's batch ids -> created at
+    {p}tenant:{t}:open            string a tenant's open (queued + running) trajectories, for its quota
     {p}apikey:{sha256}            string Principal json for an API key (only its hash is stored)
     {p}session:{sid}              hash   tenant, trajectory json of an OpenAI-compatible session
 
@@ -95,6 +96,9 @@ class Keys:
 
     def tenant_batches(self, tenant: str) -> str:
         return f"{self.prefix}tenant:{tenant}:batches"
+
+    def tenant_open(self, tenant: str) -> str:
+        return f"{self.prefix}tenant:{tenant}:open"
 
     def session(self, sid: str) -> str:
         return f"{self.prefix}session:{sid}"

@@ -52,6 +52,10 @@ local function finish(p, tid, new_state, result, reward, failure, now, ready_ms)
     return 1
   end
   redis.call('ZREM', p .. 'delayed', tid)
+  local tenant = redis.call('HGET', bkey, 'tenant')
+  if tenant and redis.call('DECR', p .. 'tenant:' .. tenant .. ':open') <= 0 then
+    redis.call('DEL', p .. 'tenant:' .. tenant .. ':open')  -- never below 0 (batches queued before the quota)
+  end
   redis.call('HSET', tkey, 'state', new_state, 'token', '', 'finished_at', now)
   if result ~= '' then redis.call('HSET', tkey, 'result', result) end
   if reward ~= '' then redis.call('HSET', tkey, 'reward', reward) end
@@ -72,20 +76,25 @@ end
 """
 
 _ENQUEUE = """
--- ARGV: prefix, idem_key ('' for none), bid, params json, now, total, tenant, then tid, group, sample, task...
+-- ARGV: prefix, idem_key ('' for none), bid, params json, now, total, tenant, max open (0: no cap),
+-- then tid, group, sample, task...  Returns {bid, 1} created, {bid, 0} existing, {'', -1, open} over quota
 local p = ARGV[1]
 if ARGV[2] ~= '' then
   local existing = redis.call('GET', p .. 'idem:' .. ARGV[2])
-  if existing then return {existing, 0} end
-  redis.call('SET', p .. 'idem:' .. ARGV[2], ARGV[3])
+  if existing then return {existing, 0} end  -- before the quota: a resubmission always gets its batch
 end
+local okey = p .. 'tenant:' .. ARGV[7] .. ':open'
+local open = tonumber(redis.call('GET', okey) or '0')
+if tonumber(ARGV[8]) > 0 and open + tonumber(ARGV[6]) > tonumber(ARGV[8]) then return {'', -1, open} end
+redis.call('INCRBY', okey, ARGV[6])  -- finish() takes each one off as it reaches a terminal state
+if ARGV[2] ~= '' then redis.call('SET', p .. 'idem:' .. ARGV[2], ARGV[3]) end
 local bid = ARGV[3]
 local bkey = p .. 'batch:' .. bid
 redis.call('HSET', bkey, 'state', 'queued', 'params', ARGV[4], 'created_at', ARGV[5], 'total', ARGV[6],
            'n_done', 0, 'n:queued', ARGV[6], 'tenant', ARGV[7])
 redis.call('ZADD', p .. 'batches', ARGV[5], bid)
 redis.call('ZADD', p .. 'tenant:' .. ARGV[7] .. ':batches', ARGV[5], bid)
-for i = 8, #ARGV, 4 do
+for i = 9, #ARGV, 4 do
   local tid = ARGV[i]
   redis.call('HSET', p .. 'traj:' .. tid, 'state', 'queued', 'batch', bid, 'group', ARGV[i + 1],
              'sample', ARGV[i + 2], 'task', ARGV[i + 3], 'attempts', 0)
@@ -187,6 +196,15 @@ class LeaseLost(Exception):
     """The lease expired or was taken over; the holder must stop without writing."""
 
 
+class QuotaExceeded(Exception):
+    """The tenant has `open` trajectories queued or running; `requested` more would pass `limit`."""
+
+    def __init__(self, tenant: str, open: int, requested: int, limit: int):
+        super().__init__(f"tenant {tenant!r} has {open} trajectories queued or running; "
+                         f"{requested} more would pass its limit of {limit}")
+        self.tenant, self.open, self.requested, self.limit = tenant, open, requested, limit
+
+
 class Queue:
     def __init__(self, redis: aioredis.Redis, keys: Keys | None = None, lease_s: float = 30.0,
                  max_attempts: int = 3):
@@ -204,17 +222,21 @@ class Queue:
     def _deadline_ms(self) -> int:
         return int((time.time() + self.lease_s) * 1000)
 
-    async def enqueue(self, req: RolloutRequest, tenant: str = "default") -> BatchCreated:
-        """Persist a batch and queue its trajectories. Same idempotency key, same batch."""
+    async def enqueue(self, req: RolloutRequest, tenant: str = "default", max_open: int = 0) -> BatchCreated:
+        """Persist a batch and queue its trajectories. Same idempotency key, same batch (even
+        over the quota). Raises QuotaExceeded, queueing nothing, when the tenant would have more
+        than `max_open` trajectories queued or running (0: no cap); checked in the same script."""
         bid = uuid.uuid4().hex[:16]
         params = req.model_dump_json(exclude={"tasks"})
         args: list[str | int | float] = [self.k.prefix, f"{tenant}:{req.idempotency_key}" if req.idempotency_key else "",
-                                         bid, params, time.time(), req.num_trajectories, tenant]
+                                         bid, params, time.time(), req.num_trajectories, tenant, max_open]
         for g, task in enumerate(req.tasks):
             task_json = json.dumps(task)
             for s in range(req.group_size):
                 args += [f"{bid}-{g}-{s}", g, s, task_json]
-        got_bid, created = await self._enqueue(args=args)
+        got_bid, created, *open_now = await self._enqueue(args=args)
+        if created < 0:
+            raise QuotaExceeded(tenant, int(open_now[0]), req.num_trajectories, max_open)
         got_bid = got_bid.decode() if isinstance(got_bid, bytes) else got_bid
         total = req.num_trajectories if created else int(await self.r.hget(self.k.batch(got_bid), "total") or 0)
         return BatchCreated(id=got_bid, num_trajectories=total, created=bool(created))

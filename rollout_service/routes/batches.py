@@ -6,6 +6,7 @@ import json
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
 
+from rollout_service import limits
 from rollout_service.auth import Principal
 from rollout_service.errors import NotFound
 from rollout_service.routes.deps import owned_batch, principal
@@ -19,6 +20,7 @@ from rollout_service.protocol import (
     TrajectoryPage,
     TrajectoryState,
 )
+from scheduler.queue import QuotaExceeded
 
 router = APIRouter(prefix="/v1", tags=["batches"], responses={404: {"model": ErrorResponse},
                                                                 422: {"model": ErrorResponse}})
@@ -27,10 +29,22 @@ router = APIRouter(prefix="/v1", tags=["batches"], responses={404: {"model": Err
 Caller = Depends(principal)
 
 
-@router.post("/batches", response_model=BatchCreated, status_code=202)
+_QUOTA = {"model": ErrorResponse, "description": "The tenant has too many trajectories queued or running",
+          "headers": {"Retry-After": {"description": "Seconds to wait before trying again",
+                                      "schema": {"type": "integer"}}}}
+
+
+@router.post("/batches", response_model=BatchCreated, status_code=202, responses={429: _QUOTA})
 async def submit(request: Request, body: RolloutRequest, who: Principal = Caller) -> BatchCreated:
-    """Queue a batch and return at once. The same `idempotency_key` returns the same batch."""
-    created = await request.app.state.queue.enqueue(body, tenant=who.tenant)
+    """Queue a batch and return at once. The same `idempotency_key` returns the same batch.
+    Bounded: tasks × group_size, bytes per task, and the tenant's open trajectories (429)."""
+    settings = request.app.state.settings
+    limits.check_batch(body, settings)
+    try:
+        created = await request.app.state.queue.enqueue(body, tenant=who.tenant,
+                                                        max_open=settings.max_open_per_tenant)
+    except QuotaExceeded as exc:
+        raise limits.quota_exceeded(exc) from None
     if created.created:
         request.app.state.metrics.batches.inc()
     return created

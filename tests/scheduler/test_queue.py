@@ -160,3 +160,45 @@ async def test_complete_refuses_a_non_terminal_state(queue):
         await queue.complete(c, finished(c.trajectory_id, TrajectoryState.queued))
     with pytest.raises(IllegalTransition):
         await queue.complete(c, finished(c.trajectory_id, TrajectoryState.running))
+
+
+async def test_a_tenants_open_count_follows_every_path_out(queue, store, redis, keys):
+    from scheduler.queue import QuotaExceeded
+
+    async def open_now(tenant="default") -> int:
+        return int(await redis.get(keys.tenant_open(tenant)) or 0)
+
+    b = await queue.enqueue(request(2, 2), max_open=5)
+    assert await open_now() == 4
+    with pytest.raises(QuotaExceeded) as refused:
+        await queue.enqueue(request(1, 2), max_open=5)
+    assert (refused.value.open, refused.value.requested, refused.value.limit) == (4, 2, 5)
+    assert len(await store.list_batches()) == 1 and await queue.depth() == 4  # refused: nothing written
+    assert await queue.enqueue(request(1, 2), tenant="other", max_open=5)  # another tenant's count
+    assert await open_now("other") == 2
+
+    c = await queue.claim("w")
+    assert await open_now() == 4  # running is still open
+    await queue.retry(c)
+    assert await open_now() == 4  # so is queued again
+    c = await queue.claim("w")
+    await queue.complete(c, finished(c.trajectory_id))
+    assert await open_now() == 3
+    await queue.cancel(b.id)
+    assert await redis.exists(keys.tenant_open("default")) == 0  # at 0 the key goes
+    assert (await queue.enqueue(request(1, 5), max_open=5)).created
+
+
+async def test_the_quota_holds_against_concurrent_enqueues(queue, store, redis, keys):
+    from scheduler.queue import QuotaExceeded
+
+    got = await asyncio.gather(*(queue.enqueue(request(2, 2), max_open=10) for _ in range(8)),
+                               return_exceptions=True)
+    assert sum(isinstance(g, QuotaExceeded) for g in got) == 6 and len(await store.list_batches()) == 2
+    assert int(await redis.get(keys.tenant_open("default"))) == 8 == await queue.depth()
+
+
+async def test_an_idempotent_resubmission_passes_a_full_quota(queue):
+    a = await queue.enqueue(request(2, 2, idempotency_key="step-1"), max_open=4)
+    b = await queue.enqueue(request(2, 2, idempotency_key="step-1"), max_open=4)
+    assert a.id == b.id and not b.created and await queue.depth() == 4
