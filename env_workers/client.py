@@ -18,7 +18,7 @@ from env_workers.env import Env, EnvError, EnvUnavailable, SandboxUnavailable, S
 from rollout_service.protocol import EnvOpened, EnvStepped, Message
 
 
-__all__ = ["EnvBackend", "EnvHandle", "EnvRejected", "EnvUnavailable", "LocalEnvs", "RemoteEnvs",
+__all__ = ["EnvBackend", "EnvHandle", "EnvRejected", "EnvUnavailable", "EnvWorkerLost", "LocalEnvs", "RemoteEnvs",
            "SandboxUnavailable"]
 
 
@@ -31,6 +31,12 @@ def _code(r: httpx.Response) -> str | None:
 
 class EnvRejected(Exception):
     """The environment refused the task or action (its own error); not retryable."""
+
+
+class EnvWorkerLost(EnvUnavailable):
+    """The env worker holding (or meant to hold) the session is gone: unreachable, restarted
+    (it no longer knows the session), or none is live. Our fault, not the trajectory's: the
+    rollout worker restarts the episode without charging its attempts."""
 
 
 @dataclass(slots=True)
@@ -81,11 +87,13 @@ class RemoteEnvs:
         self._pick = pick  # async (env name) -> base url
         self._client = client or httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=5.0))
 
-    async def _post(self, url: str, body: dict) -> dict:
+    async def _post(self, url: str, body: dict, session: bool = False) -> dict:
         try:
             r = await self._client.post(url, json=body)
         except httpx.HTTPError as e:
-            raise EnvUnavailable(f"env worker unreachable: {e!r}") from e
+            raise EnvWorkerLost(f"env worker unreachable: {e!r}") from e
+        if session and r.status_code == 404:  # the worker restarted: its sessions died with it
+            raise EnvWorkerLost(f"env worker lost the session: {r.text[:300]}")
         if r.status_code == 422:
             raise EnvRejected(r.json().get("error", {}).get("message", r.text))
         if r.status_code == 503 and _code(r) == "sandbox_unavailable":
@@ -97,14 +105,14 @@ class RemoteEnvs:
     async def open(self, env: str, task: dict[str, Any], seed: int | None) -> tuple[EnvHandle, list[Message]]:
         try:
             base = await self._pick(env)
-        except LookupError as e:
-            raise EnvUnavailable(str(e)) from e
+        except LookupError as e:  # every env worker is down or restarting
+            raise EnvWorkerLost(str(e)) from e
         got = EnvOpened.model_validate(await self._post(f"{base}/v1/sessions", {"env": env, "task": task, "seed": seed}))
         return EnvHandle(got.session_id, base), got.observation
 
     async def step(self, h: EnvHandle, action: str) -> StepResult:
         got = EnvStepped.model_validate(await self._post(f"{h.base_url}/v1/sessions/{h.session_id}/step",
-                                                         {"action": action}))
+                                                         {"action": action}, session=True))
         return StepResult(got.observation, got.reward, got.terminated, got.truncated, got.info)
 
     async def close(self, h: EnvHandle) -> None:

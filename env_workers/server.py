@@ -10,8 +10,14 @@ Sessions are bounded (`max_sessions`, then 429) and an idle session is closed af
 pools its environments declare, hands each session a `Claims` under the session's id, and
 releases whatever the session still holds when it is deleted or expires. A sandbox that
 could not be had answers 503 `sandbox_unavailable` (another infrastructure trouble of the
-environment: 503 `env_unavailable`); the client raises `SandboxUnavailable`/`EnvUnavailable`. When given a Redis, the worker registers itself and heartbeats, so rollout
-workers find it; a worker that stops heartbeating drops out of rotation.
+environment: 503 `env_unavailable`); the client raises `SandboxUnavailable`/`EnvUnavailable`.
+
+When given a Redis, the worker registers itself and heartbeats, so rollout workers find it;
+a worker that stops heartbeating drops out of rotation. The heartbeat rides out Redis
+outages (bounded back-off; the registration is written again on every beat, so a restarted
+or flushed Redis has it back within one beat). `/healthz` reports each background loop; if
+one ever ends, `/healthz` answers 503 and the process stops with exit status 1, so its
+supervisor (`rollout up`, compose, Kubernetes) restarts it.
 """
 
 from __future__ import annotations
@@ -19,11 +25,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import signal
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
 
 from fastapi import FastAPI
+from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from env_workers import registry
@@ -32,6 +42,7 @@ from env_workers.envs import judge
 from rollout_service import errors
 from rollout_service.errors import ApiError, NotFound, Overloaded
 from rollout_service.protocol import EnvAction, EnvOpen, EnvOpened, EnvStepped, WorkerInfo
+from scheduler.connection import UNAVAILABLE, Backoff
 from scheduler.resources import PoolSize, Pools
 
 log = logging.getLogger(__name__)
@@ -98,34 +109,63 @@ def create_app(max_sessions: int = 1024, idle_s: float = 600.0, registration=Non
                 if sess:
                     await run_in_threadpool(close_session, sess)
 
-    async def heartbeat() -> None:
+    async def beat_once() -> None:
         r, keys, info = registration
+        use: dict[str, int] = {}  # pool use by resource kind, for the gateway's /metrics
+        for name, st in pools.stats().items():
+            for state, n in st.items():
+                key = f"{name.split(':', 1)[0]}:{state}"
+                use[key] = use.get(key, 0) + n
+        pipe = r.pipeline(transaction=False)
+        pipe.hset(keys.workers, info.id, info.model_dump_json())
+        pipe.set(keys.worker_alive(info.id), "1", ex=10)
+        pipe.delete(keys.worker_pools(info.id))
+        if use:
+            pipe.hset(keys.worker_pools(info.id), mapping=use)
+        pipe.expire(keys.worker_pools(info.id), 10)
+        await pipe.execute()
+
+    async def heartbeat() -> None:
+        backoff = Backoff(cap_s=2.0)
         while True:
-            await r.hset(keys.workers, info.id, info.model_dump_json())
-            await r.set(keys.worker_alive(info.id), "1", ex=10)
-            use: dict[str, int] = {}  # pool use by resource kind, for the gateway's /metrics
-            for name, st in pools.stats().items():
-                for state, n in st.items():
-                    key = f"{name.split(':', 1)[0]}:{state}"
-                    use[key] = use.get(key, 0) + n
-            pipe = r.pipeline(transaction=False)
-            pipe.delete(keys.worker_pools(info.id))
-            if use:
-                pipe.hset(keys.worker_pools(info.id), mapping=use)
-            pipe.expire(keys.worker_pools(info.id), 10)
-            await pipe.execute()
+            try:
+                await beat_once()
+            except UNAVAILABLE as e:  # Redis restarting: try again soon, well inside the 10 s TTL
+                loops["heartbeat"] = f"retrying: {e!r}"[:200]
+                log.warning("heartbeat failed: Redis unavailable (%r)", e)
+                await backoff.wait()
+                continue
+            loops["heartbeat"] = "ok"
+            backoff.reset()
             await asyncio.sleep(3.0)
+
+    def watch(name: str, task: asyncio.Task) -> None:
+        """A background loop that ends is fatal: report it, then stop the process (exit 1)."""
+        def done(t: asyncio.Task) -> None:
+            if t.cancelled() and stopping:
+                return
+            why = "cancelled" if t.cancelled() else repr(t.exception())
+            loops[name] = f"died: {why}"
+            log.error("background loop %s died (%s); stopping so the supervisor restarts this worker", name, why)
+            app.state.fatal = True
+            os.kill(os.getpid(), signal.SIGTERM)
+        task.add_done_callback(done)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
         for name in registry.names():
             for rs in registry.spec(name).resources:
                 pools.prewarm(rs)
-        tasks = [asyncio.create_task(reap_idle())]
+        nonlocal stopping
+        tasks = {"reaper": asyncio.create_task(reap_idle())}
         if registration is not None:
-            tasks.append(asyncio.create_task(heartbeat()))
+            tasks["heartbeat"] = asyncio.create_task(heartbeat())
+        for name, t in tasks.items():
+            loops[name] = "starting"
+            watch(name, t)
         yield
-        for t in tasks:
+        stopping = True
+        for t in tasks.values():
             t.cancel()
         if registration is not None:
             r, keys, info = registration
@@ -138,12 +178,17 @@ def create_app(max_sessions: int = 1024, idle_s: float = 600.0, registration=Non
         if owned:
             await run_in_threadpool(pools.close)
 
+    loops: dict[str, str] = {}  # background loop -> its state, for /healthz
+    stopping = False
     app = FastAPI(title="rollout-service env worker", lifespan=lifespan)
+    app.state.fatal = False
     errors.install(app)
 
     @app.get("/healthz")
-    async def healthz() -> dict:
-        return {"ok": True, "sessions": len(sessions), "resources": pools.stats()}
+    async def healthz():
+        ok = not any(v.startswith("died") for v in loops.values())
+        body = {"ok": ok, "loops": dict(loops), "sessions": len(sessions), "resources": pools.stats()}
+        return body if ok else JSONResponse(body, status_code=503)
 
     @app.get("/v1/envs")
     async def envs() -> dict:
@@ -201,13 +246,14 @@ def serve(host: str, port: int, redis_url: str | None, prefix: str, worker_id: s
 
     registration = None
     if redis_url:
-        import redis.asyncio as aioredis
-
+        from scheduler.connection import connect
         from scheduler.keys import Keys
 
         info = WorkerInfo(id=worker_id or f"env-{host}-{port}", url=advertise or f"http://{host}:{port}",
                           envs=registry.names())
-        registration = (aioredis.from_url(redis_url), Keys(prefix), info)
+        registration = (connect(redis_url), Keys(prefix), info)
         judge.configure(judge.EngineJudge(redis_url, judge_prefix or prefix))  # the `judge` env asks the fleet
-    uvicorn.run(create_app(registration=registration, pool_size=pool_size), host=host, port=port,
-                log_level="warning")
+    app = create_app(registration=registration, pool_size=pool_size)
+    uvicorn.run(app, host=host, port=port, log_level="warning")
+    if app.state.fatal:
+        sys.exit(1)  # a background loop died: a non-zero exit gets this worker restarted

@@ -22,6 +22,7 @@ from rollout_service.engines.fleet import Fleet
 from rollout_service.limits import BodyLimit
 from rollout_service.routes import admin, batches, board, health, sessions
 from rollout_service.sessions import Sessions
+from scheduler.connection import connect
 from scheduler.keys import Keys
 from scheduler.queue import Queue
 from scheduler.registry import Registry
@@ -33,10 +34,10 @@ def create_app(settings: Settings | None = None, redis: aioredis.Redis | None = 
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        r = redis or aioredis.from_url(settings.redis_url)
+        r = redis or connect(settings.redis_url)
         keys = Keys(settings.key_prefix)
         app.state.settings = settings
-        app.state.queue = Queue(r, keys, settings.lease_s, settings.max_attempts)
+        app.state.queue = Queue(r, keys, settings.lease_s, settings.max_attempts, settings.max_restarts)
         app.state.store = Store(r, keys)
         app.state.registry = Registry(r, keys)
         app.state.metrics = Metrics()

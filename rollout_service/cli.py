@@ -49,11 +49,10 @@ def cmd_gateway(args) -> None:
 
 
 def cmd_worker(args) -> None:
-    import redis.asyncio as aioredis
-
     from env_workers.client import RemoteEnvs
     from rollout_service.engines.fleet import Fleet
     from rollout_service.worker import Worker
+    from scheduler.connection import connect
     from scheduler.keys import Keys
     from scheduler.queue import Queue
     from scheduler.registry import Registry
@@ -65,12 +64,12 @@ def cmd_worker(args) -> None:
     logs.configure("worker")
 
     async def main() -> None:
-        r = aioredis.from_url(s.redis_url)
+        r = connect(s.redis_url)
         keys = Keys(s.key_prefix)
         reg = Registry(r, keys)
-        worker = Worker(Queue(r, keys, s.lease_s, s.max_attempts), Store(r, keys), Fleet(registry=reg),
+        worker = Worker(Queue(r, keys, s.lease_s, s.max_attempts, s.max_restarts), Store(r, keys), Fleet(registry=reg),
                         RemoteEnvs(reg.pick_worker), concurrency=args.concurrency or s.worker_concurrency,
-                        registry=reg)
+                        registry=reg, worker_id=args.id, release_on_start=args.id is not None)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -82,10 +81,9 @@ def cmd_worker(args) -> None:
 
 
 def cmd_allocator(args) -> None:
-    import redis.asyncio as aioredis
-
     from rollout_service import logs
     from scheduler.allocator import AllocatorConfig
+    from scheduler.connection import connect
     from scheduler.keys import Keys
     from scheduler.pd_control import PDController
     from scheduler.registry import Registry
@@ -94,7 +92,7 @@ def cmd_allocator(args) -> None:
     s = Settings.from_env()
 
     async def main() -> None:
-        r = aioredis.from_url(s.redis_url)
+        r = connect(s.redis_url)
         ctl = PDController(Registry(r, Keys(s.key_prefix)), config=AllocatorConfig(dwell_s=args.dwell_s))
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -365,6 +363,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("worker", help="run a rollout worker (claims and runs trajectories)")
     sp.add_argument("--concurrency", type=int, default=None, help="trajectories in flight (default 32)")
+    sp.add_argument("--id", default=None,
+                    help="a stable worker id, unique among live workers: a restarted worker then gives back "
+                         "what its dead predecessor held at once, not a lease later (default: a random id)")
     sp.set_defaults(fn=cmd_worker)
 
     sp = sub.add_parser("allocator", help="run the prefill/decode allocation loop (one per deployment)",

@@ -14,6 +14,7 @@ class Settings:
     port: int = 8000
     lease_s: float = 30.0  # a worker heartbeats every lease_s/3; a dead worker's work returns after lease_s
     max_attempts: int = 3  # per trajectory, counting the first
+    max_restarts: int = 20  # episodes lost to our faults (a peer died, Redis away): uncharged; stops poison work
     worker_concurrency: int = 32  # trajectories in flight per worker process
     max_request_bytes: int = 32 * 1024 * 1024
     max_trajectories_per_batch: int = 10_000  # tasks × group_size of one request

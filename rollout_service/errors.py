@@ -7,6 +7,9 @@
     │   └── Overloaded              429 (backpressure: a bounded wait ran out, a quota is full)
     └── (engine/env failures are data: see protocol.FailureKind)
 
+Redis being unreachable (down, restarting, loading its data) renders as 503
+`redis_unavailable` with `Retry-After`, never as a 500: the caller may simply try again.
+
 `install(app)` makes FastAPI render ApiError, validation errors, unknown routes and any
 unexpected exception in that shape (the last as a 500 that hides internals).
 """
@@ -90,6 +93,19 @@ def install(app) -> None:  # app: fastapi.FastAPI (kept untyped: this module mus
         if exc.status_code == 405:
             headers["Allow"] = ", ".join(_allowed_methods(req.app, req.url.path))
         return JSONResponse(body(code, str(exc.detail)), status_code=exc.status_code, headers=headers)
+
+    try:
+        from scheduler.connection import UNAVAILABLE
+    except ImportError:  # redis not installed: nothing to map
+        UNAVAILABLE = ()
+
+    async def _redis_away(_req, exc: Exception):
+        log.warning("Redis unavailable: %r", exc)
+        return JSONResponse(body("redis_unavailable", "the service's Redis is unreachable; try again shortly"),
+                            status_code=503, headers={"Retry-After": "2"})
+
+    for kind in UNAVAILABLE:
+        app.add_exception_handler(kind, _redis_away)
 
     @app.exception_handler(Exception)
     async def _unexpected(_req, exc: Exception):

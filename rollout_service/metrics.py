@@ -9,6 +9,9 @@ number of gateways report the same truth; counters of finished work live in Redi
     rollout_trajectory_phase{phase}, rollout_forecast_tokens{kind="prefill_tokens"|"decode_tokens"}
     rollout_resource_pool{kind,state}                             env workers' sandbox pools
     rollout_env_workers, rollout_batches_submitted_total, rollout_http_requests_total{route,status}
+    rollout_trajectory_restarts_total                           episodes restarted after our fault (uncharged)
+    rollout_trajectory_retries_total                            retryable failures charged to trajectories
+    rollout_component_restarts_total{component}                 processes `rollout up` restarted
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ class Snapshot:
     workers: int = 0
     phases: dict[str, int] = field(default_factory=dict)  # phase:{name} and forecast:{kind}, all workers
     pools: dict[str, int] = field(default_factory=dict)  # {kind}:{state} over env workers
+    components: dict[str, int] = field(default_factory=dict)  # component -> supervisor restarts
 
 
 class _RedisCollector:
@@ -53,6 +57,16 @@ class _RedisCollector:
             if what in fams:
                 fams[what].add_metric([label], n)
         yield from fams.values()
+        yield CounterMetricFamily("rollout_trajectory_restarts", "Episodes restarted because a peer was lost "
+                                  "(engine, env worker, rollout worker or Redis); never charged",
+                                  value=s.stats.get("restarts", 0))
+        yield CounterMetricFamily("rollout_trajectory_retries", "Retryable failures charged to trajectories",
+                                  value=s.stats.get("attempts", 0))
+        comp = CounterMetricFamily("rollout_component_restarts", "Processes restarted by their supervisor",
+                                   labels=["component"])
+        for name, n in sorted(s.components.items()):
+            comp.add_metric([name], n)
+        yield comp
         inflight = GaugeMetricFamily("rollout_engine_inflight_tokens", "In-flight tokens per engine (all workers)",
                                      labels=["engine", "role"])
         up = GaugeMetricFamily("rollout_engine_up", "1 unless a worker's probe finds the engine down",
@@ -98,7 +112,9 @@ class Metrics:
         return Snapshot(depth=await queue.depth(), running=await queue.running(), stats=stats,
                         engines=[(e.id, e.role, *loads[e.id]) for e in engines],
                         workers=len(await registry.workers()), phases=await registry.phases(),
-                        pools=await registry.pools())
+                        pools=await registry.pools(),
+                        components={(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in
+                                    (await queue.r.hgetall(queue.k.component_restarts)).items()})
 
     async def render(self, queue: Queue, registry: Registry) -> bytes:
         self._redis.snap = await self.snapshot(queue, registry)

@@ -80,6 +80,7 @@ class FailureKind(str, Enum):
     timeout = "timeout"
     cancelled = "cancelled"
     internal = "internal"
+    rejected = "rejected"  # the environment refused the task (or an action) as invalid: bad input, never retried
 
     @property
     def infrastructure(self) -> bool:
@@ -181,7 +182,8 @@ class Trajectory(_Wire):
     messages: list[Message] = Field(default_factory=list, description="The conversation as text, for humans.")
     reward: float | None = None
     failure: Failure | None = None
-    attempts: int = 0
+    attempts: int = Field(0, description="Attempts charged to this trajectory (the one that ended it included).")
+    restarts: int = Field(0, description="Times our infrastructure lost and restarted its episode (never charged).")
     active_s: float = 0.0
     info: dict[str, Any] = Field(default_factory=dict)
 

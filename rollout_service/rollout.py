@@ -8,7 +8,9 @@ until the environment ends the episode (completed / truncated) or a limit hits
 text is decoded from them only to hand the action to the environment.
 
 Failures are data: an engine or env error ends the episode as `failed` with a kind, with
-the turns done so far; the worker decides whether to retry it.
+the turns done so far; the worker decides whether to retry it. Losing a peer process (an
+engine or env worker unreachable, `EngineLost`/`EnvWorkerLost`) or Redis is not the
+trajectory's failure: it propagates, and the worker restarts the episode from scratch.
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ import asyncio
 import hashlib
 import time
 
-from env_workers.client import EnvBackend, EnvRejected, EnvUnavailable
+from env_workers.client import EnvBackend, EnvRejected, EnvUnavailable, EnvWorkerLost
 from env_workers.env import SandboxUnavailable
-from rollout_service.engines.base import EngineError, GenerateRequest
+from rollout_service.engines.base import EngineError, EngineLost, GenerateRequest
 from rollout_service.engines.fleet import Fleet
 from rollout_service.protocol import Failure, FailureKind, Message, Trajectory, TrajectoryState, Turn, TurnTimings
 from rollout_service.tokens import TemplateDriftError, chat_tokens
@@ -36,30 +38,35 @@ def _turn_seed(base: int | None, work: Work, turn: int) -> int | None:
 
 
 async def run_episode(work: Work, fleet: Fleet, envs: EnvBackend, attempt: int = 1,
-                      lifecycle: Lifecycle | None = None) -> Trajectory:
+                      lifecycle: Lifecycle | None = None, restarts: int = 0) -> Trajectory:
     """`lifecycle`, when given, is told every phase change (prefill, tool, done) for the
-    scheduler's forecaster."""
+    scheduler's forecaster. Seeds depend only on the task and turn, never on `attempt` or
+    `restarts`: a restarted episode replays the same seeds."""
     p = work.params
     traj = Trajectory(id=work.trajectory_id, batch_id=work.batch_id, group_index=work.group_index,
                       sample_index=work.sample_index, env=p.env, task=work.task, state=TrajectoryState.running,
-                      attempts=attempt)
+                      attempts=attempt, restarts=restarts)
     t0 = time.monotonic()
     lc = lifecycle if lifecycle is not None else Lifecycle()  # (an empty one is falsy)
     try:
         if p.deadline_s is not None:
             async with asyncio.timeout(p.deadline_s):
-                await _loop(traj, work, fleet, envs, attempt, lc)
+                await _loop(traj, work, fleet, envs, f"{attempt}.{restarts}", lc)
         else:
-            await _loop(traj, work, fleet, envs, attempt, lc)
+            await _loop(traj, work, fleet, envs, f"{attempt}.{restarts}", lc)
     except TimeoutError:
         traj.state, traj.failure = TrajectoryState.failed, Failure(
             kind=FailureKind.timeout, message=f"deadline of {p.deadline_s}s active time exceeded")
+    except (EngineLost, EnvWorkerLost):
+        raise  # not the trajectory's failure: the worker restarts the episode
     except EngineError as e:
         traj.state, traj.failure = TrajectoryState.failed, Failure(kind=FailureKind.engine, message=str(e))
     except SandboxUnavailable as e:  # before EnvUnavailable, its base class
         traj.state, traj.failure = TrajectoryState.failed, Failure(kind=FailureKind.sandbox, message=str(e))
-    except (EnvUnavailable, EnvRejected) as e:
+    except EnvUnavailable as e:
         traj.state, traj.failure = TrajectoryState.failed, Failure(kind=FailureKind.env, message=str(e))
+    except EnvRejected as e:
+        traj.state, traj.failure = TrajectoryState.failed, Failure(kind=FailureKind.rejected, message=str(e))
     except TemplateDriftError as e:
         traj.state, traj.failure = TrajectoryState.failed, Failure(kind=FailureKind.internal, message=str(e))
     finally:
@@ -72,7 +79,7 @@ async def run_episode(work: Work, fleet: Fleet, envs: EnvBackend, attempt: int =
     return traj
 
 
-async def _loop(traj: Trajectory, work: Work, fleet: Fleet, envs: EnvBackend, attempt: int,
+async def _loop(traj: Trajectory, work: Work, fleet: Fleet, envs: EnvBackend, attempt: str,
                 lc: Lifecycle) -> None:
     p = work.params
     handle, opening = await envs.open(p.env, work.task, seed=work.sample_index)

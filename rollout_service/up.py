@@ -4,9 +4,13 @@
     -> env worker -> rollout worker(s) -> gateway
 
 Each part is the same entry point a deployment runs (`rollout gateway`, `rollout worker`,
-...). A child that exits unexpectedly is restarted (state lives in Redis, so nothing is
-lost); Ctrl-C stops them all. The embedded Redis keeps an append-only file under the
-cache directory, so accepted batches survive a restart of `rollout up` itself.
+...). A child that exits unexpectedly is restarted at once, and with a bounded back-off if
+it keeps crashing right after start (state lives in Redis, so nothing is lost); Ctrl-C
+stops them all. The embedded Redis keeps an append-only file under the cache directory,
+so accepted batches survive a restart of Redis or of `rollout up` itself. Every couple of
+seconds the supervisor writes its restart counts to Redis (the gateway's `/metrics` shows
+them) and registers its engine again if Redis lost its data (a flush, a Redis without
+persistence).
 """
 
 from __future__ import annotations
@@ -64,11 +68,18 @@ class Child:
     proc: subprocess.Popen | None = None
     restarts: int = 0
     log: Path | None = None
+    component: str = ""  # short name for metrics, e.g. "worker-0"
+    started_at: float = 0.0
+    crashes: int = 0  # consecutive exits soon after a start (drives the back-off)
+    due: float | None = None  # when a pending restart happens
 
     def start(self) -> None:
         out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115 (kept open by the child)
         self.proc = subprocess.Popen(self.argv, env=self.env, stdout=out, stderr=subprocess.STDOUT,
                                      start_new_session=True)
+        if out is not subprocess.DEVNULL:
+            out.close()  # the child has its own copy
+        self.started_at = time.monotonic()
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc and self.proc.poll() is None:
@@ -93,17 +104,29 @@ class Supervisor:
                 wait_http(child.ready_url, timeout, child)
         self.say(f"  [green]✓[/] {child.name}" + (f"  {child.ready_url.rsplit('/', 1)[0]}" if child.ready_url else ""))
 
-    def watch(self) -> None:
-        """Restart children that exit on their own, until interrupted."""
+    def watch(self, tick=None, tick_s: float = 2.0) -> None:
+        """Restart children that exit on their own, until interrupted. A child that ran a
+        while comes back at once; one that keeps dying right after its start waits a
+        bounded, doubling back-off (0.5 s up to 5 s) so a broken one does not spin. `tick`
+        (if given) runs every `tick_s` seconds: bookkeeping that must not die with a child."""
+        last_tick = 0.0
         while True:
-            time.sleep(0.5)
+            time.sleep(0.1)
+            now = time.monotonic()
             for c in self.children:
-                if c.proc and c.proc.poll() is not None:
+                if c.due is None and c.proc and c.proc.poll() is not None:
                     c.restarts += 1
+                    c.crashes = c.crashes + 1 if now - c.started_at < 10.0 else 1
+                    delay = 0.0 if c.crashes <= 1 else min(0.25 * 2 ** (c.crashes - 1), 5.0)
                     self.say(f"  [yellow]![/] {c.name} exited ({c.proc.returncode}); restart #{c.restarts}"
-                             + (f", log: {c.log}" if c.log else ""))
-                    time.sleep(min(2.0 ** min(c.restarts, 4) * 0.25, 5.0))  # bounded back-off
+                             + (f" in {delay:.1f}s" if delay else "") + (f", log: {c.log}" if c.log else ""))
+                    c.due = now + delay
+                if c.due is not None and now >= c.due:
+                    c.due = None
                     c.start()
+            if tick is not None and now - last_tick >= tick_s:
+                last_tick = now
+                tick(self.children)
 
     def stop_all(self) -> None:
         for c in reversed(self.children):
@@ -181,7 +204,7 @@ def run(args, console) -> None:
             redis_url = f"redis://127.0.0.1:{rport}/0"
             sup.add(Child("redis (embedded)", [redis_server_binary(), "--port", str(rport), "--bind", "127.0.0.1",
                                                "--dir", str(data), "--appendonly", "yes", "--save", ""],
-                          env, log=logs / "redis.log"))
+                          env, log=logs / "redis.log", component="redis"))
             wait_redis(redis_url, 10)
         env["ROLLOUT_REDIS_URL"] = redis_url
         env["ROLLOUT_KEY_PREFIX"] = s.key_prefix
@@ -196,28 +219,33 @@ def run(args, console) -> None:
             argv, venv = vllm_local.serve_command(mdir, eport, args.vllm_model)
             engine_url, model, tokenizer = f"http://127.0.0.1:{eport}", args.vllm_model, str(mdir)
             sup.add(Child(f"engine (vLLM, {args.vllm_model}, CPU)", argv, {**env, **venv}, f"{engine_url}/health",
-                          log=logs / "vllm.log"), timeout=300)
+                          log=logs / "vllm.log", component="engine"), timeout=300)
         elif kind == "sim":
             eport = free_port()
             engine_url, tokenizer = f"http://127.0.0.1:{eport}", "byte"
             sup.add(Child("engine (simulated)", self_cmd("sim-engine", "--port", str(eport), "--time-scale",
                                                          str(args.sim_time_scale)),
-                          env, f"{engine_url}/health", log=logs / "engine.log"))
-        _register_engine(redis_url, s.key_prefix, "engine-0", engine_url, model, tokenizer)
+                          env, f"{engine_url}/health", log=logs / "engine.log", component="engine"))
+        books = Bookkeeper(redis_url, s.key_prefix, [_engine_info("engine-0", engine_url, model, tokenizer)])
+        books.register()
 
         for i in range(args.env_workers):
             wport = free_port()
             sup.add(Child(f"env worker {i}", self_cmd("env-worker", "--port", str(wport), "--id", f"env-{i}"),
-                          env, f"http://127.0.0.1:{wport}/healthz", log=logs / f"env-worker-{i}.log"))
+                          env, f"http://127.0.0.1:{wport}/healthz", log=logs / f"env-worker-{i}.log",
+                          component=f"env-worker-{i}"))
         for i in range(args.workers):
-            sup.add(Child(f"rollout worker {i}", self_cmd("worker"), env, log=logs / f"worker-{i}.log"))
+            sup.add(Child(f"rollout worker {i}", self_cmd("worker", "--id", f"worker-{s.port}-{i}"), env,
+                          log=logs / f"worker-{i}.log",
+                          component=f"worker-{i}"))
         if args.pd_allocation:
-            sup.add(Child("prefill/decode allocator", self_cmd("allocator"), env, log=logs / "allocator.log"))
+            sup.add(Child("prefill/decode allocator", self_cmd("allocator"), env, log=logs / "allocator.log",
+                          component="allocator"))
         sup.add(Child("gateway", self_cmd("gateway", "--host", s.host, "--port", str(s.port)), env,
-                      f"http://{s.host}:{s.port}/healthz", log=logs / "gateway.log"))
+                      f"http://{s.host}:{s.port}/healthz", log=logs / "gateway.log", component="gateway"))
         console.print(f"\n[bold green]ready[/]  gateway http://{s.host}:{s.port}  (API docs: /docs)   logs: {logs}")
         console.print("try:  rollout submit examples/math.jsonl --group-size 4 --wait      (Ctrl-C stops)")
-        sup.watch()
+        sup.watch(tick=books.tick)
     except KeyboardInterrupt:
         console.print("\nstopping…")
     finally:
@@ -236,11 +264,42 @@ def _engine_kind(choice: str, console) -> str:
     return "sim"
 
 
-def _register_engine(redis_url: str, prefix: str, eid: str, url: str, model: str, tokenizer: str) -> None:
-    import redis
-
+def _engine_info(eid: str, url: str, model: str, tokenizer: str):
     from rollout_service.protocol import EngineInfo
-    from scheduler.keys import Keys
 
-    info = EngineInfo(id=eid, url=url, model=model, tokenizer=tokenizer)
-    redis.Redis.from_url(redis_url).hset(Keys(prefix).engines, eid, info.model_dump_json())
+    return EngineInfo(id=eid, url=url, model=model, tokenizer=tokenizer)
+
+
+class Bookkeeper:
+    """What `rollout up` keeps in Redis beside its children: the engines it registered (again
+    after Redis lost its data: a `{p}up:{id}` marker tells, so an engine the operator removed
+    stays removed) and how often each child was restarted (for `/metrics`)."""
+
+    def __init__(self, redis_url: str, prefix: str, engines: list) -> None:
+        import redis
+
+        from scheduler.keys import Keys
+
+        self.r = redis.Redis.from_url(redis_url, socket_timeout=1.0, socket_connect_timeout=1.0)
+        self.k = Keys(prefix)
+        self.engines = engines
+
+    def register(self, only_missing: bool = False) -> None:
+        for info in self.engines:
+            if only_missing and self.r.exists(self.k.up_registered(info.id)):
+                continue
+            pipe = self.r.pipeline()
+            pipe.hset(self.k.engines, info.id, info.model_dump_json())
+            pipe.set(self.k.up_registered(info.id), "1")
+            pipe.execute()
+
+    def tick(self, children: list[Child]) -> None:
+        import redis
+
+        try:
+            self.register(only_missing=True)
+            counts = {c.component or c.name: c.restarts for c in children if c.restarts}
+            if counts:
+                self.r.hset(self.k.component_restarts, mapping=counts)
+        except redis.RedisError:
+            pass  # Redis is restarting: next tick

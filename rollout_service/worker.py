@@ -7,6 +7,11 @@ another took over), the episode is dropped without writing: the first result win
 
 Infrastructure failures (engine, env, internal) are given back to the queue while the
 trajectory has attempts left; after that they are recorded as failed with their kind.
+Losing a peer is different: when an engine or env worker is unreachable (it died or is
+restarting) or Redis is away, the episode is restarted from scratch with the same seeds and
+counted as a restart, never charged to the trajectory's attempts (the queue's larger
+`max_restarts` stops poison work). Redis going away never kills the worker: every Redis
+call backs off and tries again, and a result waits for Redis to return (within its lease).
 Any worker also reaps expired leases, so no separate reaper process is needed.
 """
 
@@ -18,10 +23,12 @@ import logging
 import time
 import uuid
 
-from env_workers.client import EnvBackend
+from env_workers.client import EnvBackend, EnvWorkerLost
+from rollout_service.engines.base import EngineLost
 from rollout_service.engines.fleet import Fleet
 from rollout_service.protocol import Failure, FailureKind, Trajectory, TrajectoryState
 from rollout_service.rollout import run_episode
+from scheduler.connection import UNAVAILABLE, Backoff
 from scheduler.forecast import Forecaster
 from scheduler.lifecycle import Lifecycle
 from scheduler.queue import Claim, LeaseLost, Queue
@@ -30,14 +37,22 @@ from scheduler.store import Store
 log = logging.getLogger(__name__)
 
 RETRYABLE = frozenset({FailureKind.engine, FailureKind.env, FailureKind.sandbox, FailureKind.internal})
+# Lost peers: the episode restarts, uncharged (see the module docstring).
+LOST = (EngineLost, EnvWorkerLost, *UNAVAILABLE)
+
+
+class LoopDied(RuntimeError):
+    """A background loop of the worker ended: the process must exit so it is restarted."""
 
 
 class Worker:
     def __init__(self, queue: Queue, store: Store, fleet: Fleet, envs: EnvBackend, *,
                  worker_id: str | None = None, concurrency: int = 16, poll_s: float = 0.05,
-                 retry_backoff_s: float = 0.5, registry=None):
+                 retry_backoff_s: float = 0.5, registry=None, release_on_start: bool = False):
         self.queue, self.store, self.fleet, self.envs = queue, store, fleet, envs
         self.id = worker_id or f"worker-{uuid.uuid4().hex[:8]}"
+        # With a stable id, a restarted worker requeues its dead predecessor's work at start.
+        self.release_on_start = release_on_start
         self.concurrency = concurrency
         self.poll_s = poll_s
         self.heartbeat_s = max(queue.lease_s / 3, 0.05)
@@ -53,12 +68,32 @@ class Worker:
         reaper = asyncio.create_task(self._reap_forever(stop))
         prober = asyncio.create_task(self._probe_forever(stop))
         idle = self.poll_s
+        backoff = Backoff()
         try:
+            while self.release_on_start and not stop.is_set():
+                try:
+                    requeued, failed = await self.queue.release(self.id)
+                    if requeued or failed:
+                        log.warning("gave back a dead predecessor's work", extra={
+                            "worker_id": self.id, "requeued": requeued, "failed": failed})
+                    break
+                except UNAVAILABLE:
+                    await backoff.wait()
             while not stop.is_set():
+                for loop in (reaper, prober):
+                    if loop.done():
+                        raise LoopDied(f"background loop {loop.get_coro().__name__} ended") from (
+                            None if loop.cancelled() else loop.exception())
                 if len(self._active) >= self.concurrency:
-                    await asyncio.wait(self._active, return_when=asyncio.FIRST_COMPLETED)
+                    await asyncio.wait(self._active, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
                     continue
-                claim = await self.queue.claim(self.id)
+                try:
+                    claim = await self.queue.claim(self.id)
+                except UNAVAILABLE:
+                    log.warning("Redis unavailable; waiting to claim work")
+                    await backoff.wait()
+                    continue
+                backoff.reset()
                 if claim is None:
                     # Back off while idle (bounded), so an empty queue costs little.
                     with contextlib.suppress(TimeoutError):
@@ -82,6 +117,8 @@ class Worker:
                 requeued, failed = await self.queue.reap()
                 if requeued or failed:
                     log.warning("reaped expired leases", extra={"requeued": requeued, "failed": failed})
+            except UNAVAILABLE:
+                log.warning("reap skipped: Redis unavailable")
             except Exception:  # a reaper hiccup must not stop the worker
                 log.exception("reap failed")
             await asyncio.sleep(min(self.heartbeat_s, 0.5))  # also releases due retries
@@ -101,23 +138,60 @@ class Worker:
                             round(d.decode_tokens), "forecast:decode_seqs": round(d.decode_seqs),
                         "forecast:context_tokens": round(d.mean_context * d.live), "forecast:turns": round(d.turns),
                         "forecast:live": d.live, "forecast:response_tokens": round(d.mean_response * d.live)})
+            except UNAVAILABLE:
+                log.warning("engine probe skipped: Redis unavailable")
             except Exception:
                 log.exception("engine probe failed")
             await asyncio.sleep(every_s)
 
+    async def _write(self, claim: Claim, what: str, call) -> bool | None:
+        """Run a token-guarded queue write, riding out a Redis outage for up to one lease
+        (after that the lease has lapsed and the reaper owns the trajectory). None: gave up."""
+        deadline = time.monotonic() + self.queue.lease_s
+        backoff = Backoff()
+        while True:
+            try:
+                return await call()
+            except UNAVAILABLE:
+                if time.monotonic() > deadline:
+                    log.warning("Redis away for a whole lease; the reaper will requeue",
+                                extra={"trajectory_id": claim.trajectory_id, "write": what})
+                    return None
+                await backoff.wait()
+
+    async def _restart(self, claim: Claim, why: str) -> None:
+        log.warning("restarting the episode: a peer was lost", extra={
+            "trajectory_id": claim.trajectory_id, "restarts": claim.restarts, "reason": why})
+        delay = min(0.25 * 2 ** claim.restarts, 5.0)  # let a restarting engine or env worker come back
+        await self._write(claim, "restart", lambda: self.queue.restart(claim, delay_s=delay))
+
+    async def _heartbeat(self, claim: Claim) -> bool:
+        """True to go on, False when the batch was cancelled; LeaseLost when taken over. A
+        Redis outage is ridden out: the episode keeps running meanwhile."""
+        try:
+            return await self.queue.heartbeat(claim)
+        except UNAVAILABLE:
+            log.warning("heartbeat failed: Redis unavailable", extra={"trajectory_id": claim.trajectory_id})
+            return True
+
     async def _handle(self, claim: Claim) -> None:
         try:
             work = await self.store.work(claim.trajectory_id)
+        except UNAVAILABLE as e:  # Redis went away between claim and load: not the trajectory's fault
+            await self._restart(claim, f"cannot load: {e!r}")
+            return
         except Exception as e:  # unreadable spec: record it, never loop on it
             log.exception("cannot load trajectory", extra={"trajectory_id": claim.trajectory_id})
-            await self.queue.complete(claim, _failed_stub(claim, FailureKind.internal, f"cannot load: {e!r}"))
+            await self._write(claim, "complete", lambda: self.queue.complete(
+                claim, _failed_stub(claim, FailureKind.internal, f"cannot load: {e!r}")))
             return
-        episode = asyncio.create_task(run_episode(work, self.fleet, self.envs, claim.attempt, self.lifecycle))
+        episode = asyncio.create_task(run_episode(work, self.fleet, self.envs, claim.attempt, self.lifecycle,
+                                                  claim.restarts))
         cancelled = False
         try:
             while not episode.done():
                 await asyncio.wait({episode}, timeout=self.heartbeat_s)
-                if not episode.done() and not await self.queue.heartbeat(claim):
+                if not episode.done() and not await self._heartbeat(claim):
                     cancelled = True
                     episode.cancel()
                     break
@@ -135,6 +209,9 @@ class Worker:
                 raise
             traj = _failed_stub(claim, FailureKind.cancelled, "batch cancelled", work)
             traj.state = TrajectoryState.cancelled
+        except LOST as e:
+            await self._restart(claim, repr(e))
+            return
         except Exception as e:
             log.exception("episode crashed", extra={"trajectory_id": claim.trajectory_id})
             traj = _failed_stub(claim, FailureKind.internal, f"episode crashed: {e!r}", work)
@@ -143,14 +220,16 @@ class Worker:
             log.info("retrying after an infrastructure failure", extra={
                 "trajectory_id": claim.trajectory_id, "batch_id": traj.batch_id, "attempt": claim.attempt,
                 "failure_kind": traj.failure.kind.value, "failure": traj.failure.message})
-            await self.queue.retry(claim, delay_s=min(self.retry_backoff_s * 2 ** (claim.attempt - 1), 30.0))
+            delay = min(self.retry_backoff_s * 2 ** (claim.attempt - 1), 30.0)
+            await self._write(claim, "retry", lambda: self.queue.retry(claim, delay_s=delay))
             return
-        if await self.queue.complete(claim, traj):
+        traj.restarts = claim.restarts
+        if await self._write(claim, "complete", lambda: self.queue.complete(claim, traj)):
             self.finished += 1
             log.info("trajectory finished", extra={
                 "trajectory_id": traj.id, "batch_id": traj.batch_id, "state": traj.state.value, "reward": traj.reward,
                 "turns": len(traj.turns), "sampled_tokens": sum(len(t.output_ids) for t in traj.turns),
-                "active_s": round(traj.active_s, 3), "attempt": claim.attempt,
+                "active_s": round(traj.active_s, 3), "attempt": claim.attempt, "restarts": claim.restarts,
                 "failure_kind": traj.failure.kind.value if traj.failure else None})
 
 
@@ -159,5 +238,5 @@ def _failed_stub(claim: Claim, kind: FailureKind, message: str, work=None) -> Tr
         id=claim.trajectory_id, batch_id=work.batch_id if work else claim.trajectory_id.split("-")[0],
         group_index=work.group_index if work else 0, sample_index=work.sample_index if work else 0,
         env=work.params.env if work else "", task=work.task if work else {}, state=TrajectoryState.failed,
-        failure=Failure(kind=kind, message=message), attempts=claim.attempt,
+        failure=Failure(kind=kind, message=message), attempts=claim.attempt, restarts=claim.restarts,
     )

@@ -7,14 +7,16 @@
     {p}batch:{bid}                hash   state, request json, counts per trajectory state
     {p}batch:{bid}:trajs          list   trajectory ids in submission order
     {p}batch:{bid}:events         stream one entry per trajectory reaching a terminal state
-    {p}traj:{tid}                 hash   state, spec json, attempts, lease token, result json
+    {p}traj:{tid}                 hash   state, spec json, attempts (charged), restarts (ours), lease token, result json
     {p}idem:{key}                 string batch id for an idempotency key
     {p}engines                    hash   engine id -> EngineInfo json
     {p}engine:{id}:load           hash   worker id -> in-flight tokens it has on that engine (TTL)
     {p}engine:{id}:down           string present while a worker's probe finds the engine down (TTL)
     {p}workers                    hash   env worker id -> WorkerInfo json
     {p}worker:{id}:alive          string present while the env worker heartbeats (TTL)
-    {p}stats                      hash   counters: finished:{state}, failure:{kind}, tokens:{kind}
+    {p}stats                      hash   counters: finished:{state}, failure:{kind}, tokens:{kind}, attempts, restarts
+    {p}restarts                   hash   component -> times its supervisor (`rollout up`) restarted it
+    {p}up:{name}                  string set by `rollout up` when it registers engine {name}; gone = Redis lost data
     {p}worker:{id}:phases         hash   a rollout worker's live trajectories by phase + forecast (TTL)
     {p}worker:{id}:pools          hash   an env worker's resource pool use, {kind}:{state} -> n (TTL)
     {p}tenant:{t}:batches         zset   a tenant's batch ids -> created at
@@ -93,6 +95,13 @@ class Keys:
     @property
     def stats(self) -> str:
         return f"{self.prefix}stats"
+
+    @property
+    def component_restarts(self) -> str:
+        return f"{self.prefix}restarts"
+
+    def up_registered(self, name: str) -> str:
+        return f"{self.prefix}up:{name}"
 
     def tenant_batches(self, tenant: str) -> str:
         return f"{self.prefix}tenant:{tenant}:batches"

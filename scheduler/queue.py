@@ -114,12 +114,13 @@ for _ = 1, 1000 do
   if redis.call('HGET', tkey, 'state') == 'queued' then
     local bkey = p .. 'batch:' .. redis.call('HGET', tkey, 'batch')
     redis.call('HSET', tkey, 'state', 'running', 'token', ARGV[3], 'worker', ARGV[4], 'started_at', ARGV[5])
-    local attempts = redis.call('HINCRBY', tkey, 'attempts', 1)
+    local attempt = tonumber(redis.call('HGET', tkey, 'attempts') or '0') + 1
+    local restarts = tonumber(redis.call('HGET', tkey, 'restarts') or '0')
     redis.call('ZADD', p .. 'leases', ARGV[2], tid)
     redis.call('HINCRBY', bkey, 'n:queued', -1)
     redis.call('HINCRBY', bkey, 'n:running', 1)
     if redis.call('HGET', bkey, 'state') == 'queued' then redis.call('HSET', bkey, 'state', 'running') end
-    return {tid, attempts}
+    return {tid, attempt, restarts}
   end
   -- anything else is a stale entry (cancelled while queued): drop it and look further
 end
@@ -137,14 +138,40 @@ return 1
 """
 
 _FINISH = _FINISH_FN + """
--- ARGV: prefix, tid, token, new_state, result, reward, failure, now, ready ms (retry back-off)
+-- ARGV: prefix, tid, token, new_state, result, reward, failure, now, ready ms (retry back-off),
+-- counter to charge on a requeue ('attempts': the trajectory's retry budget; 'restarts': our fault)
 local tkey = ARGV[1] .. 'traj:' .. ARGV[2]
 if redis.call('HGET', tkey, 'token') ~= ARGV[3] then return 0 end
-return finish(ARGV[1], ARGV[2], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9])
+local ok = finish(ARGV[1], ARGV[2], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9])
+if ok == 1 and ARGV[10] and ARGV[10] ~= '' then
+  redis.call('HINCRBY', tkey, ARGV[10], 1)
+  redis.call('HINCRBY', ARGV[1] .. 'stats', ARGV[10], 1)
+end
+return ok
 """
 
-_REAP = _FINISH_FN + """
--- ARGV: prefix, now ms, max attempts, now s, failure json.  Returns {requeued, failed}
+# A lease that lapsed (or whose holder is known dead) is our fault: a worker died, stalled,
+# or lost Redis. It counts as a restart, never against the trajectory's attempts; only a
+# poison task, one that keeps taking its workers down, runs out of restarts and fails.
+# Returns {requeued, failed} for one trajectory.
+_LAPSE_FN = _FINISH_FN + """
+local function lapse(p, tid, max_restarts, now, failure)
+  local tkey = p .. 'traj:' .. tid
+  local restarts = tonumber(redis.call('HGET', tkey, 'restarts') or '0')
+  if restarts >= tonumber(max_restarts) then
+    return {0, finish(p, tid, 'failed', '', '', failure, now, 0)}
+  end
+  if finish(p, tid, 'queued', '', '', '', now, 0) == 1 then
+    redis.call('HINCRBY', tkey, 'restarts', 1)
+    redis.call('HINCRBY', p .. 'stats', 'restarts', 1)
+    return {1, 0}
+  end
+  return {0, 0}
+end
+"""
+
+_REAP = _LAPSE_FN + """
+-- ARGV: prefix, now ms, max restarts, now s, failure json.  Returns {requeued, failed}
 local p = ARGV[1]
 for _, tid in ipairs(redis.call('ZRANGEBYSCORE', p .. 'delayed', '-inf', ARGV[2], 'LIMIT', 0, 500)) do
   redis.call('ZREM', p .. 'delayed', tid)
@@ -153,13 +180,25 @@ end
 local expired = redis.call('ZRANGEBYSCORE', p .. 'leases', '-inf', ARGV[2], 'LIMIT', 0, 500)
 local requeued, failed = 0, 0
 for _, tid in ipairs(expired) do
-  local attempts = tonumber(redis.call('HGET', p .. 'traj:' .. tid, 'attempts') or '0')
-  if attempts >= tonumber(ARGV[3]) then
-    failed = failed + finish(p, tid, 'failed', '', '', ARGV[5], ARGV[4], 0)
-  else
-    requeued = requeued + finish(p, tid, 'queued', '', '', '', ARGV[4], 0)
-  end
+  local got = lapse(p, tid, ARGV[3], ARGV[4], ARGV[5])
+  requeued, failed = requeued + got[1], failed + got[2]
   redis.call('ZREM', p .. 'leases', tid)
+end
+return {requeued, failed}
+"""
+
+_RELEASE = _LAPSE_FN + """
+-- ARGV: prefix, worker id, max restarts, now s, failure json.  Returns {requeued, failed}
+-- A worker starting under the id of a dead predecessor gives back what that one held, at
+-- once instead of a lease later.
+local p = ARGV[1]
+local requeued, failed = 0, 0
+for _, tid in ipairs(redis.call('ZRANGE', p .. 'leases', 0, 9999)) do
+  local tkey = p .. 'traj:' .. tid
+  if redis.call('HGET', tkey, 'worker') == ARGV[2] and redis.call('HGET', tkey, 'state') == 'running' then
+    local got = lapse(p, tid, ARGV[3], ARGV[4], ARGV[5])
+    requeued, failed = requeued + got[1], failed + got[2]
+  end
 end
 return {requeued, failed}
 """
@@ -189,7 +228,8 @@ class Claim:
 
     trajectory_id: str
     token: str
-    attempt: int
+    attempt: int  # 1 + the failures charged to the trajectory so far
+    restarts: int = 0  # times our infrastructure restarted it (never charged)
 
 
 class LeaseLost(Exception):
@@ -207,16 +247,18 @@ class QuotaExceeded(Exception):
 
 class Queue:
     def __init__(self, redis: aioredis.Redis, keys: Keys | None = None, lease_s: float = 30.0,
-                 max_attempts: int = 3):
+                 max_attempts: int = 3, max_restarts: int = 20):
         self.r = redis
         self.k = keys or Keys()
         self.lease_s = lease_s
-        self.max_attempts = max_attempts
+        self.max_attempts = max_attempts  # failures the trajectory itself is charged for
+        self.max_restarts = max_restarts  # restarts that were our fault: only stops poison work
         self._enqueue = redis.register_script(_ENQUEUE)
         self._claim = redis.register_script(_CLAIM)
         self._heartbeat = redis.register_script(_HEARTBEAT)
         self._finish = redis.register_script(_FINISH)
         self._reap = redis.register_script(_REAP)
+        self._release = redis.register_script(_RELEASE)
         self._cancel = redis.register_script(_CANCEL)
 
     def _deadline_ms(self) -> int:
@@ -246,8 +288,8 @@ class Queue:
         got = await self._claim(args=[self.k.prefix, self._deadline_ms(), token, worker_id, time.time()])
         if not got:
             return None
-        tid, attempt = got
-        return Claim(tid.decode() if isinstance(tid, bytes) else tid, token, int(attempt))
+        tid, attempt, restarts = got
+        return Claim(tid.decode() if isinstance(tid, bytes) else tid, token, int(attempt), int(restarts))
 
     async def heartbeat(self, claim: Claim) -> bool:
         """Extend the lease. Returns False when the batch was cancelled; raises LeaseLost."""
@@ -264,7 +306,7 @@ class Queue:
         failure = traj.failure.model_dump_json() if traj.failure else ""
         reward = "" if traj.reward is None else repr(traj.reward)
         got = await self._finish(args=[self.k.prefix, claim.trajectory_id, claim.token, traj.state.value,
-                                       traj.model_dump_json(), reward, failure, time.time(), 0])
+                                       traj.model_dump_json(), reward, failure, time.time(), 0, ""])
         if got:
             pipe = self.r.pipeline(transaction=False)
             pipe.hincrby(self.k.stats, "tokens:sampled", sum(len(t.output_ids) for t in traj.turns))
@@ -273,20 +315,38 @@ class Queue:
         return bool(got)
 
     async def retry(self, claim: Claim, delay_s: float = 0.0) -> bool:
-        """Give the trajectory back to the queue (infrastructure failure within budget),
-        claimable again after `delay_s` so a restarting engine or env worker is not hammered."""
+        """Give the trajectory back to the queue after a retryable failure, charging one of its
+        attempts; claimable again after `delay_s` so a restarting engine or env worker is not hammered."""
+        return await self._requeue(claim, delay_s, "attempts")
+
+    async def restart(self, claim: Claim, delay_s: float = 0.0) -> bool:
+        """Give the trajectory back because our infrastructure lost its episode (an engine or
+        env worker died, Redis went away): counted as a restart, its attempts untouched."""
+        return await self._requeue(claim, delay_s, "restarts")
+
+    async def _requeue(self, claim: Claim, delay_s: float, charge: str) -> bool:
         ready_ms = int((time.time() + delay_s) * 1000) if delay_s > 0 else 0
         got = await self._finish(args=[self.k.prefix, claim.trajectory_id, claim.token, "queued", "", "", "",
-                                       time.time(), ready_ms])
+                                       time.time(), ready_ms, charge])
         return bool(got)
 
+    def _poison(self) -> str:
+        return Failure(kind=FailureKind.internal,
+                       message=f"restarted {self.max_restarts} times: its worker kept dying or stalling "
+                               "(does this task crash workers?)").model_dump_json()
+
     async def reap(self) -> tuple[int, int]:
-        """Queue retries whose back-off is over; requeue trajectories whose lease lapsed and
-        fail those out of attempts."""
-        failure = Failure(kind=FailureKind.internal,
-                          message=f"worker lease expired {self.max_attempts} times").model_dump_json()
-        requeued, failed = await self._reap(args=[self.k.prefix, int(time.time() * 1000), self.max_attempts,
-                                                  time.time(), failure])
+        """Queue retries whose back-off is over; requeue trajectories whose lease lapsed (a
+        restart, not an attempt) and fail those restarted `max_restarts` times (poison work)."""
+        requeued, failed = await self._reap(args=[self.k.prefix, int(time.time() * 1000), self.max_restarts,
+                                                  time.time(), self._poison()])
+        return int(requeued), int(failed)
+
+    async def release(self, worker_id: str) -> tuple[int, int]:
+        """Requeue (as restarts) what a dead worker of this id still holds; call it when a
+        worker starts under a stable id, before it claims. Ids must be unique among live workers."""
+        requeued, failed = await self._release(args=[self.k.prefix, worker_id, self.max_restarts, time.time(),
+                                                     self._poison()])
         return int(requeued), int(failed)
 
     async def cancel(self, batch_id: str) -> bool | None:

@@ -75,7 +75,7 @@ class Store:
             id=tid, batch_id=h["batch"], group_index=int(h["group"]), sample_index=int(h["sample"]),
             env=params.get("env", ""), task=json.loads(h["task"]), state=TrajectoryState(h["state"]),
             failure=Failure.model_validate_json(h["failure"]) if h.get("failure") else None,
-            attempts=int(h.get("attempts", 0)),
+            attempts=int(h.get("attempts", 0)) + (h["state"] in ("running", "failed")), restarts=int(h.get("restarts", 0)),
         )
 
     async def trajectories(self, bid: str, cursor: int = 0, limit: int = 50,

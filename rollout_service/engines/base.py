@@ -12,6 +12,12 @@ class EngineError(Exception):
     """The engine could not serve a request (unreachable, 5xx, malformed answer)."""
 
 
+class EngineLost(EngineError):
+    """No engine could be reached at all (connection refused, reset, timed out): the engine
+    process is gone or restarting. Our fault, not the trajectory's: the worker restarts the
+    episode without charging its attempts."""
+
+
 @dataclass(slots=True)
 class GenerateRequest:
     prompt_ids: list[int]

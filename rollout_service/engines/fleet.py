@@ -16,7 +16,7 @@ import asyncio
 import dataclasses
 import time
 
-from rollout_service.engines.base import Engine, EngineError, GenerateRequest, GenerateResult
+from rollout_service.engines.base import Engine, EngineError, EngineLost, GenerateRequest, GenerateResult
 from rollout_service.engines.vllm import VLLMEngine
 from rollout_service.tokens import Tokenizer, load_tokenizer
 from scheduler.registry import Registry
@@ -109,7 +109,10 @@ class Fleet:
         except NoEngine as e:
             raise EngineError("no engine registered") from e
         spec = self._engines[eid][1]
-        return spec, await asyncio.to_thread(load_tokenizer, spec)
+        try:
+            return spec, await asyncio.to_thread(load_tokenizer, spec)
+        except Exception as e:  # not a registered name nor a loadable tokenizer folder
+            raise EngineError(f"engine {eid}: tokenizer {spec!r} cannot be loaded ({type(e).__name__})") from e
 
     def _pick(self, trajectory_id: str, loads: dict[str, int]) -> tuple[str, str]:
         """(prefill engine, decode engine); the same one unless roles split the turn."""
@@ -160,7 +163,8 @@ class Fleet:
                 if info is not None and info.policy_version != res.policy_version:
                     engine.policy_version = res.policy_version = info.policy_version
             return res
-        raise EngineError(f"turn failed on {self.attempts} engine attempts: {last}")
+        kind = EngineLost if isinstance(last, EngineLost) else EngineError  # every engine unreachable: ours
+        raise kind(f"turn failed on {self.attempts} engine attempts: {last}")
 
     def forget(self, trajectory_id: str) -> None:
         self.policy.forget(trajectory_id)

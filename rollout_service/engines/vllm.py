@@ -13,7 +13,7 @@ import time
 
 import httpx
 
-from rollout_service.engines.base import EngineError, GenerateRequest, GenerateResult
+from rollout_service.engines.base import EngineError, EngineLost, GenerateRequest, GenerateResult
 
 
 class VLLMEngine:
@@ -63,7 +63,7 @@ class VLLMEngine:
         try:
             r = await self._client.post(f"{self.url}/v1/completions", json=self.payload(req))
         except httpx.HTTPError as e:
-            raise EngineError(f"engine {self.id} unreachable: {e!r}") from e
+            raise EngineLost(f"engine {self.id} unreachable: {e!r}") from e
         if r.status_code != 200:
             raise EngineError(f"engine {self.id} answered {r.status_code}: {r.text[:300]}")
         try:

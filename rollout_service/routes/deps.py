@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import secrets
+
 from fastapi import Request
 
 from rollout_service.auth import OPEN, Principal
 from rollout_service.errors import ApiError, NotFound
 from rollout_service.protocol import BatchStatus
+
+
+ADMIN = Principal("admin", admin=True)
 
 
 class Unauthorized(ApiError):
@@ -25,6 +30,8 @@ async def principal(request: Request) -> Principal:
     key = header[7:].strip() if header.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
     if not key:
         raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
+    if s.settings.admin_key and secrets.compare_digest(key.encode(), s.settings.admin_key.encode()):
+        return ADMIN  # the bootstrap key works from settings alone: a Redis flush cannot lock the operator out
     who = await s.api_keys.verify(key)
     if who is None:
         raise Unauthorized("invalid API key")

@@ -93,9 +93,12 @@ async def test_engine_failure_is_data_with_kind_engine():
     assert traj.reward is None  # never turned into reward 0
 
 
-async def test_bad_task_is_an_env_failure():
+async def test_bad_task_is_a_rejected_failure_never_retried():
     traj = await run_episode(work(env="math", task={"nothing": 1}), fleet(SimEngine()), LocalEnvs())
-    assert traj.failure.kind is FailureKind.env and "bad math task" in traj.failure.message
+    assert traj.failure.kind is FailureKind.rejected and "bad math task" in traj.failure.message
+    from rollout_service.worker import RETRYABLE
+
+    assert FailureKind.rejected not in RETRYABLE and traj.failure.maskable
 
 
 async def test_deadline_is_a_timeout_failure():

@@ -22,7 +22,7 @@ def finished(tid: str, state=TrajectoryState.completed, reward=1.0) -> Trajector
 
 @pytest.fixture
 def queue(redis, keys) -> Queue:
-    return Queue(redis, keys, lease_s=0.3, max_attempts=2)
+    return Queue(redis, keys, lease_s=0.3, max_attempts=2, max_restarts=2)
 
 
 @pytest.fixture
@@ -67,7 +67,8 @@ async def test_expired_lease_is_reclaimed_by_another_worker(queue, store):
     await asyncio.sleep(0.4)  # lease_s=0.3 lapses: the dying worker never heartbeats
     assert await queue.reap() == (1, 0)
     alive = await queue.claim("w2")
-    assert alive.trajectory_id == dead.trajectory_id and alive.attempt == 2
+    # a dead worker is our fault: a restart, not one of the trajectory's attempts
+    assert alive.trajectory_id == dead.trajectory_id and (alive.attempt, alive.restarts) == (1, 1)
     with pytest.raises(LeaseLost):
         await queue.heartbeat(dead)
     assert not await queue.complete(dead, finished(dead.trajectory_id))  # stale holder cannot write
@@ -84,15 +85,31 @@ async def test_heartbeat_keeps_the_lease(queue):
     assert await queue.reap() == (0, 0)
 
 
-async def test_out_of_attempts_fails_with_internal_kind(queue, store):
-    await queue.enqueue(request(1, 1))
-    for _ in range(2):
-        await queue.claim("w")
+async def test_poison_work_fails_after_max_restarts_with_internal_kind(queue, store):
+    b = await queue.enqueue(request(1, 1))
+    reaped = []
+    for _ in range(3):  # max_restarts=2: two lapses requeue, the third fails it
+        assert await queue.claim("w") is not None
         await asyncio.sleep(0.35)
-        await queue.reap()
-    t = (await store.trajectory((await queue.r.lrange(queue.k.batch_trajs((await store.list_batches())[0]), 0, 0))[0]
-                                .decode()))
+        reaped.append(await queue.reap())
+    assert reaped == [(1, 0), (1, 0), (0, 1)]
+    t = await store.trajectory(f"{b.id}-0-0")
     assert t.state is TrajectoryState.failed and t.failure.kind is FailureKind.internal
+    assert "restarted 2 times" in t.failure.message and t.restarts == 2
+    assert int(await queue.r.hget(queue.k.stats, "restarts")) == 2
+
+
+async def test_restart_requeues_without_charging_an_attempt(queue, store):
+    b = await queue.enqueue(request(1, 1))
+    c = await queue.claim("w")
+    assert await queue.restart(c)
+    again = await queue.claim("w")
+    assert (again.trajectory_id, again.attempt, again.restarts) == (c.trajectory_id, 1, 1)
+    assert await queue.retry(again)  # a charged failure
+    third = await queue.claim("w")
+    assert (third.attempt, third.restarts) == (2, 1)
+    assert (await store.trajectory(f"{b.id}-0-0")).restarts == 1
+    assert not await queue.restart(c)  # a stale token cannot requeue
 
 
 async def test_retry_requeues_within_budget(queue):
@@ -202,3 +219,16 @@ async def test_an_idempotent_resubmission_passes_a_full_quota(queue):
     a = await queue.enqueue(request(2, 2, idempotency_key="step-1"), max_open=4)
     b = await queue.enqueue(request(2, 2, idempotency_key="step-1"), max_open=4)
     assert a.id == b.id and not b.created and await queue.depth() == 4
+
+
+async def test_a_restarted_worker_releases_what_its_predecessor_held(queue, store):
+    b = await queue.enqueue(request(2, 1))
+    held = await queue.claim("worker-0")
+    other = await queue.claim("worker-1")
+    assert await queue.release("worker-0") == (1, 0)  # at once, not a lease later
+    again = await queue.claim("worker-0")
+    assert (again.trajectory_id, again.attempt, again.restarts) == (held.trajectory_id, 1, 1)
+    assert await queue.heartbeat(other)  # another worker's lease is untouched
+    with pytest.raises(LeaseLost):
+        await queue.heartbeat(held)
+    assert (await store.batch_status(b.id)).counts[TrajectoryState.running] == 2
