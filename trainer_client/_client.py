@@ -8,13 +8,18 @@
 
 `_Base` holds request building and response parsing; the two clients differ only in I/O.
 The event stream reconnects with `Last-Event-ID`, so a gateway restart mid-batch loses
-nothing.
+nothing. Requests ride out a restarting gateway or Redis: a refused connection, or a 502/
+503/504 (honouring `Retry-After`), is tried again with bounded back-off (`retries`, about
+20 s in all by default). Only requests safe to repeat are repeated after they may have
+reached the gateway: reads, deletes, and `submit`, which always carries an idempotency key
+(one is made up when the caller gives none), so a retried submit never makes two batches.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -34,17 +39,34 @@ from rollout_service.protocol import (
 )
 from trainer_client._errors import APIError, NotFoundError, TransportError, WeightUpdateError
 
-_RECONNECT_S = (0.2, 0.5, 1.0, 2.0, 5.0)
+_RETRY_STATUS = frozenset({502, 503, 504})  # a gateway or its Redis restarting
 
 
 class _Base:
-    def __init__(self, base_url: str, api_key: str | None):
+    def __init__(self, base_url: str, api_key: str | None, retries: int = 8):
         self.base_url = base_url.rstrip("/")
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.retries = retries
+
+    def delay(self, tries: int, method: str, kw: dict, error: Exception | None = None,
+              response: httpx.Response | None = None) -> float | None:
+        """Seconds to wait before trying again, or None to give up (and report)."""
+        if tries >= self.retries:
+            return None
+        repeatable = method != "POST" or bool((kw.get("json") or {}).get("idempotency_key"))
+        if error is not None:
+            if not isinstance(error, httpx.ConnectError) and not repeatable:
+                return None  # it may have arrived: never repeat what is not safe to repeat
+        elif response is None or response.status_code not in _RETRY_STATUS or not repeatable:
+            return None
+        wait = min(0.2 * 2 ** tries, 5.0)
+        hint = response.headers.get("retry-after", "") if response is not None else ""
+        return max(wait, min(float(hint), 30.0)) if hint.isdigit() else wait
 
     @staticmethod
     def build(tasks: list[dict[str, Any]], env: str, group_size: int, sampling: dict | SamplingParams | None,
               **kw: Any) -> dict:
+        kw.setdefault("idempotency_key", f"auto-{uuid.uuid4().hex}")  # a retried submit: the same batch
         req = RolloutRequest(tasks=tasks, env=env, group_size=group_size,
                              sampling=SamplingParams.model_validate(sampling or {}), **kw)
         return req.model_dump(mode="json", exclude_none=True)
@@ -103,8 +125,8 @@ class _SSE:
 
 class RolloutClient(_Base):
     def __init__(self, base_url: str = "http://127.0.0.1:8000", api_key: str | None = None, timeout: float = 30.0,
-                 transport: httpx.BaseTransport | None = None):
-        super().__init__(base_url, api_key)
+                 transport: httpx.BaseTransport | None = None, retries: int = 8):
+        super().__init__(base_url, api_key, retries)
         self._http = httpx.Client(base_url=self.base_url, headers=self.headers, timeout=timeout, transport=transport)
 
     def __enter__(self) -> "RolloutClient":
@@ -117,10 +139,18 @@ class RolloutClient(_Base):
         self._http.close()
 
     def _req(self, method: str, path: str, **kw: Any) -> Any:
-        try:
-            return self.check(self._http.request(method, path, **kw))
-        except httpx.TransportError as e:
-            raise TransportError(f"cannot reach {self.base_url}: {e!r}") from e
+        tries = 0
+        while True:
+            try:
+                r = self._http.request(method, path, **kw)
+            except httpx.TransportError as e:
+                if (wait := self.delay(tries, method, kw, error=e)) is None:
+                    raise TransportError(f"cannot reach {self.base_url}: {e!r}") from e
+            else:
+                if (wait := self.delay(tries, method, kw, response=r)) is None:
+                    return self.check(r)
+            time.sleep(wait)
+            tries += 1
 
     def submit(self, tasks: list[dict[str, Any]], env: str, group_size: int = 1,
                sampling: dict | SamplingParams | None = None, **kw: Any) -> BatchCreated:
@@ -159,7 +189,11 @@ class RolloutClient(_Base):
                                        headers={"Last-Event-ID": last}, timeout=httpx.Timeout(30.0, read=None)) as r:
                     if r.status_code >= 400:
                         r.read()
-                        self.check(r)
+                        if (wait := self.delay(failures, "GET", {}, response=r)) is None:
+                            self.check(r)
+                        time.sleep(wait)
+                        failures += 1
+                        continue
                     failures, sse = 0, _SSE(last)
                     for line in r.iter_lines():
                         ev = sse.feed(line)
@@ -169,9 +203,9 @@ class RolloutClient(_Base):
                         if ev is not None:
                             yield ev
             except (httpx.TransportError, httpx.RemoteProtocolError) as e:
-                if failures >= len(_RECONNECT_S):
+                if (wait := self.delay(failures, "GET", {}, error=e)) is None:
                     raise TransportError(f"event stream lost: {e!r}") from e
-                time.sleep(_RECONNECT_S[failures])
+                time.sleep(wait)
                 failures += 1
 
     def iter_results(self, batch_id: str) -> Iterator[Trajectory]:
@@ -208,8 +242,8 @@ class RolloutClient(_Base):
 
 class AsyncRolloutClient(_Base):
     def __init__(self, base_url: str = "http://127.0.0.1:8000", api_key: str | None = None, timeout: float = 30.0,
-                 transport: httpx.AsyncBaseTransport | None = None):
-        super().__init__(base_url, api_key)
+                 transport: httpx.AsyncBaseTransport | None = None, retries: int = 8):
+        super().__init__(base_url, api_key, retries)
         self._http = httpx.AsyncClient(base_url=self.base_url, headers=self.headers, timeout=timeout,
                                        transport=transport)
 
@@ -223,10 +257,18 @@ class AsyncRolloutClient(_Base):
         await self._http.aclose()
 
     async def _req(self, method: str, path: str, **kw: Any) -> Any:
-        try:
-            return self.check(await self._http.request(method, path, **kw))
-        except httpx.TransportError as e:
-            raise TransportError(f"cannot reach {self.base_url}: {e!r}") from e
+        tries = 0
+        while True:
+            try:
+                r = await self._http.request(method, path, **kw)
+            except httpx.TransportError as e:
+                if (wait := self.delay(tries, method, kw, error=e)) is None:
+                    raise TransportError(f"cannot reach {self.base_url}: {e!r}") from e
+            else:
+                if (wait := self.delay(tries, method, kw, response=r)) is None:
+                    return self.check(r)
+            await asyncio.sleep(wait)
+            tries += 1
 
     async def submit(self, tasks: list[dict[str, Any]], env: str, group_size: int = 1,
                      sampling: dict | SamplingParams | None = None, **kw: Any) -> BatchCreated:
@@ -263,7 +305,11 @@ class AsyncRolloutClient(_Base):
                                              timeout=httpx.Timeout(30.0, read=None)) as r:
                     if r.status_code >= 400:
                         await r.aread()
-                        self.check(r)
+                        if (wait := self.delay(failures, "GET", {}, response=r)) is None:
+                            self.check(r)
+                        await asyncio.sleep(wait)
+                        failures += 1
+                        continue
                     failures, sse = 0, _SSE(last)
                     async for line in r.aiter_lines():
                         ev = sse.feed(line)
@@ -273,9 +319,9 @@ class AsyncRolloutClient(_Base):
                         if ev is not None:
                             yield ev
             except (httpx.TransportError, httpx.RemoteProtocolError) as e:
-                if failures >= len(_RECONNECT_S):
+                if (wait := self.delay(failures, "GET", {}, error=e)) is None:
                     raise TransportError(f"event stream lost: {e!r}") from e
-                await asyncio.sleep(_RECONNECT_S[failures])
+                await asyncio.sleep(wait)
                 failures += 1
 
     async def iter_results(self, batch_id: str) -> AsyncIterator[Trajectory]:
