@@ -25,8 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import signal
 import sys
 import time
 import uuid
@@ -82,9 +80,10 @@ DEFAULT_POOL = PoolSize(warm=2, cap=64, wait_s=30.0)
 
 
 def create_app(max_sessions: int = 1024, idle_s: float = 600.0, registration=None, pools: Pools | None = None,
-               pool_size: PoolSize = DEFAULT_POOL) -> FastAPI:
+               pool_size: PoolSize = DEFAULT_POOL, on_fatal=None) -> FastAPI:
     """`registration`: optional (redis, keys, WorkerInfo) to announce this worker. `pools`:
-    resource pools to use (and leave open); by default the app owns its own, sized `pool_size`."""
+    resource pools to use (and leave open); by default the app owns its own, sized `pool_size`.
+    `on_fatal`: called once a background loop has died (`serve` passes one that stops the server)."""
     sessions: dict[str, Session] = {}
     owned = pools is None
     pools = pools if pools is not None else Pools(pool_size)
@@ -148,7 +147,8 @@ def create_app(max_sessions: int = 1024, idle_s: float = 600.0, registration=Non
             loops[name] = f"died: {why}"
             log.error("background loop %s died (%s); stopping so the supervisor restarts this worker", name, why)
             app.state.fatal = True
-            os.kill(os.getpid(), signal.SIGTERM)
+            if on_fatal is not None:
+                on_fatal()
         task.add_done_callback(done)
 
     @contextlib.asynccontextmanager
@@ -253,7 +253,13 @@ def serve(host: str, port: int, redis_url: str | None, prefix: str, worker_id: s
                           envs=registry.names())
         registration = (connect(redis_url), Keys(prefix), info)
         judge.configure(judge.EngineJudge(redis_url, judge_prefix or prefix))  # the `judge` env asks the fleet
-    app = create_app(registration=registration, pool_size=pool_size)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    server: uvicorn.Server | None = None
+
+    def stop() -> None:  # a clean shutdown, then the exit status below
+        server.should_exit = True
+
+    app = create_app(registration=registration, pool_size=pool_size, on_fatal=stop)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    server.run()
     if app.state.fatal:
         sys.exit(1)  # a background loop died: a non-zero exit gets this worker restarted
