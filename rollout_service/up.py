@@ -173,6 +173,22 @@ def self_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "rollout_service.cli", *args]
 
 
+# What a child may inherit: our own settings (ROLLOUT_*), locale and paths, and the knobs that
+# vLLM, torch and Hugging Face read (offline mode, caches, threads, devices). Nothing else: no
+# cloud keys, no HF_TOKEN, no proxy URL (they may hold a password), no shell's secrets.
+_CHILD_ENV = {"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TERM", "TMPDIR", "VIRTUAL_ENV",
+              "PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "LD_LIBRARY_PATH", "LD_PRELOAD",
+              "XDG_CACHE_HOME", "XDG_RUNTIME_DIR", "SSL_CERT_FILE", "SSL_CERT_DIR", "HF_HOME", "HF_HUB_CACHE",
+              "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY", "TRANSFORMERS_OFFLINE",
+              "TRANSFORMERS_CACHE", "TOKENIZERS_PARALLELISM", "DO_NOT_TRACK"}
+_CHILD_ENV_PREFIXES = ("ROLLOUT_", "VLLM_", "LC_", "TORCH_", "TORCHINDUCTOR_", "CUDA_", "OMP_", "MKL_", "KMP_")
+
+
+def child_env() -> dict[str, str]:
+    """The environment `rollout up` gives its children: an allow-list of ours, never all of it."""
+    return {k: v for k, v in os.environ.items() if k in _CHILD_ENV or k.startswith(_CHILD_ENV_PREFIXES)}
+
+
 def log_dir(port: int) -> Path:
     """Where `rollout up --port PORT` writes its children's logs: two on one machine never share one."""
     return cache_dir() / "logs" / f"port-{port}"
@@ -185,7 +201,7 @@ def run(args, console) -> None:
         raise SystemExit(f"port {s.port} is taken; pass --port")
     logs = log_dir(s.port)
     logs.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ)
+    env = child_env()
     sup = Supervisor(say=console.print, status=console.status)
 
     def _terminate(*_):  # SIGTERM stops the children too, like Ctrl-C

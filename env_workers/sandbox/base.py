@@ -7,8 +7,9 @@
 
 A sandbox is a writable workspace plus a way to run processes inside it. Backends differ
 in *how* they isolate (see `bwrap.py` and `docker.py`, whose docstrings say exactly what is
-and is not isolated); every backend honours the same `Limits`, never has network unless
-`Limits.network` is set, and `close()` leaves no process behind.
+and is not isolated, and which limit is enforced where); every backend honours the same
+`Limits`, never has network unless `Limits.network` is set, passes no variable of the host's
+environment into a sandbox, and `close()` leaves no process behind.
 
 Non-goals: scheduling and reuse of sandboxes (that is `scheduler/resources.py`), and the
 tool protocols spoken over a terminal (that is `env_workers/tools.py`).
@@ -33,11 +34,13 @@ WORKSPACE = "/workspace"
 class Limits:
     """Per-sandbox limits. Defaults suit a coding agent on a small machine."""
 
-    memory_mb: int = 1024        # bwrap: address space per process; docker: the container's cgroup
+    memory_mb: int = 1024        # all processes, /tmp and the workspace together (a memory cgroup);
+                                 # bwrap where no cgroup can be made: address space per process
     processes: int = 128         # bwrap: per sandbox uid (when root) or per user; docker: pids cgroup
     cpu_s: int = 120             # CPU seconds per process (RLIMIT_CPU), then SIGKILL
     file_mb: int = 256           # largest file a process may write (RLIMIT_FSIZE)
-    disk_mb: int = 1024          # docker: the workspace tmpfs; bwrap: not enforced (see bwrap.py)
+    disk_mb: int = 1024          # the workspace (a tmpfs); bwrap without root: not enforced
+    tmp_mb: int = 64             # /tmp (a tmpfs); files there and in the workspace are memory
     output_bytes: int = 64 * 1024  # what one exec or tool call returns; the rest is dropped
     timeout_s: float = 30.0      # default wall-clock limit of one exec
     network: bool = False        # off unless the environment asks; then the host's network

@@ -7,11 +7,16 @@ What is isolated:
 - **Network**: `network_mode="none"` (only loopback) unless `Limits.network`, which uses the
   engine's default network.
 - **Files**: the image's root filesystem, mounted read-only; a private tmpfs at /workspace
-  (sized `Limits.disk_mb`) and at /tmp. Nothing of the host is mounted.
+  (sized `Limits.disk_mb`) and at /tmp (sized `Limits.tmp_mb`). Nothing of the host is mounted.
 - **Processes**: the container's own pid namespace, run as uid 65534 with every capability
   dropped and `no-new-privileges`. `close()` removes the container, killing everything in it.
-- **Resources**: memory (and swap) of the whole container in a memory cgroup; process count
-  in a pids cgroup; CPU time per process (RLIMIT_CPU); file size (RLIMIT_FSIZE).
+- **Environment**: exactly `_ENV` (and what the engine adds itself: podman sets `container`
+  and `HOSTNAME`); nothing of the env worker's environment is passed, to the container or to
+  an exec.
+- **Resources**, all enforced by the engine: memory (and swap) of the whole container in a
+  memory cgroup, which also holds the tmpfs pages of /tmp and the workspace (files there are
+  memory); process count in a pids cgroup; CPU time per process (RLIMIT_CPU); file size
+  (RLIMIT_FSIZE).
 
 What is NOT isolated:
 - The kernel is shared (as with any container): a kernel exploit escapes. The engine's
@@ -116,7 +121,8 @@ class DockerSandbox:
                          Ulimit(name="cpu", soft=lim.cpu_s, hard=lim.cpu_s),
                          Ulimit(name="fsize", soft=lim.file_mb << 20, hard=lim.file_mb << 20),
                          Ulimit(name="core", soft=0, hard=0)],
-                read_only=True, tmpfs={WORKSPACE: f"size={lim.disk_mb}m,mode=1777", "/tmp": "size=64m,mode=1777"},
+                read_only=True,
+                tmpfs={WORKSPACE: f"size={lim.disk_mb}m,mode=1777", "/tmp": f"size={lim.tmp_mb}m,mode=1777"},
                 working_dir=WORKSPACE, user="65534:65534", cap_drop=["ALL"], security_opt=["no-new-privileges"],
                 environment=_ENV, labels={LABEL: self.id})
         except docker.errors.DockerException as e:
