@@ -52,7 +52,8 @@ def create_app(settings: Settings | None = None, redis: aioredis.Redis | None = 
 
     common = {code: {"model": ErrorResponse, "description": why} for code, why in (
         (400, "Malformed request body"), (401, "Missing or invalid API key"), (413, "Request body too large"),
-        (422, "Request failed validation"))}
+        (422, "Request failed validation"),
+        (503, "Redis unreachable (restarting?): `redis_unavailable`; try again after `Retry-After` seconds"))}
     app = FastAPI(title="rollout-service", version=__version__, lifespan=lifespan, responses=common,
                   description="Rollout-as-a-service for RL training of multi-turn LLM agents.")
     errors.install(app)

@@ -84,8 +84,9 @@ class FailureKind(str, Enum):
 
     @property
     def infrastructure(self) -> bool:
-        """True when the failure says nothing about the policy: mask it out of the loss."""
-        return self is not FailureKind.cancelled
+        """True when our infrastructure failed (the failure says nothing about the policy: mask
+        it out of the loss). Cancelled is the caller's choice and rejected the task's own fault."""
+        return self not in (FailureKind.cancelled, FailureKind.rejected)
 
 
 class SamplingParams(_Input):

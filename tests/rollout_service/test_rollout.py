@@ -98,7 +98,7 @@ async def test_bad_task_is_a_rejected_failure_never_retried():
     assert traj.failure.kind is FailureKind.rejected and "bad math task" in traj.failure.message
     from rollout_service.worker import RETRYABLE
 
-    assert FailureKind.rejected not in RETRYABLE and traj.failure.maskable
+    assert FailureKind.rejected not in RETRYABLE and not traj.failure.kind.infrastructure
 
 
 async def test_deadline_is_a_timeout_failure():
