@@ -84,7 +84,9 @@ class RemoteEnvs:
     """Talks to env workers; `pick(env)` chooses the worker URL for a new session."""
 
     def __init__(self, pick, client: httpx.AsyncClient | None = None, timeout_s: float = 120.0):
-        self._pick = pick  # async (env name) -> base url
+        # async (env name) -> base url; raises LookupError while no live worker hosts the env
+        # (transient), ValueError when none ever did (the env does not exist)
+        self._pick = pick
         self._client = client or httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=5.0))
 
     async def _post(self, url: str, body: dict, session: bool = False) -> dict:
@@ -105,7 +107,9 @@ class RemoteEnvs:
     async def open(self, env: str, task: dict[str, Any], seed: int | None) -> tuple[EnvHandle, list[Message]]:
         try:
             base = await self._pick(env)
-        except LookupError as e:  # every env worker is down or restarting
+        except ValueError as e:  # no such environment anywhere: bad input
+            raise EnvRejected(str(e)) from e
+        except LookupError as e:  # its env workers are down or restarting
             raise EnvWorkerLost(str(e)) from e
         got = EnvOpened.model_validate(await self._post(f"{base}/v1/sessions", {"env": env, "task": task, "seed": seed}))
         return EnvHandle(got.session_id, base), got.observation

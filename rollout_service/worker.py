@@ -159,7 +159,11 @@ class Worker:
                     return None
                 await backoff.wait()
 
-    async def _restart(self, claim: Claim, why: str) -> None:
+    async def _restart(self, claim: Claim, why: str, kind: FailureKind = FailureKind.internal, work=None) -> None:
+        if claim.restarts >= self.queue.max_restarts:  # the peer never came back: give up, as data
+            traj = _failed_stub(claim, kind, f"{why} (still so after {claim.restarts} restarts)", work)
+            await self._write(claim, "complete", lambda: self.queue.complete(claim, traj))
+            return
         log.warning("restarting the episode: a peer was lost", extra={
             "trajectory_id": claim.trajectory_id, "restarts": claim.restarts, "reason": why})
         delay = min(0.25 * 2 ** claim.restarts, 5.0)  # let a restarting engine or env worker come back
@@ -210,7 +214,9 @@ class Worker:
             traj = _failed_stub(claim, FailureKind.cancelled, "batch cancelled", work)
             traj.state = TrajectoryState.cancelled
         except LOST as e:
-            await self._restart(claim, repr(e))
+            kind = FailureKind.engine if isinstance(e, EngineLost) else \
+                FailureKind.env if isinstance(e, EnvWorkerLost) else FailureKind.internal
+            await self._restart(claim, str(e) or repr(e), kind, work)
             return
         except Exception as e:
             log.exception("episode crashed", extra={"trajectory_id": claim.trajectory_id})

@@ -14,6 +14,10 @@ from rollout_service.protocol import EngineInfo, WorkerInfo
 from scheduler.keys import Keys
 
 
+class UnknownEnv(ValueError):
+    """No env worker has ever offered this environment: the request names no real env."""
+
+
 class Registry:
     def __init__(self, redis: aioredis.Redis, keys: Keys | None = None):
         self.r = redis
@@ -92,16 +96,20 @@ class Registry:
         got = await pipe.execute()
         return {eid: (sum(int(v) for v in got[2 * i]), not got[2 * i + 1]) for i, eid in enumerate(engine_ids)}
 
-    async def workers(self) -> list[WorkerInfo]:
+    async def workers(self, live: bool = True) -> list[WorkerInfo]:
+        """Env workers that heartbeat (`live=False`: every one ever registered, dead or alive)."""
         infos = [WorkerInfo.model_validate_json(v) for v in (await self.r.hgetall(self.k.workers)).values()]
-        if not infos:
-            return []
+        if not infos or not live:
+            return sorted(infos, key=lambda w: w.id)
         alive = await self.r.mget([self.k.worker_alive(w.id) for w in infos])
         return sorted((w for w, a in zip(infos, alive) if a), key=lambda w: w.id)
 
     async def pick_worker(self, env: str) -> str:
-        """Base URL of a live env worker that hosts `env` (random: spreads sessions)."""
+        """Base URL of a live env worker that hosts `env` (random: spreads sessions).
+        LookupError while its workers are down; UnknownEnv (a ValueError) if no worker ever hosted it."""
         able = [w for w in await self.workers() if env in w.envs]
         if not able:
+            if not any(env in w.envs for w in await self.workers(live=False)):
+                raise UnknownEnv(f"no env worker hosts an environment named {env!r}")
             raise LookupError(f"no live env worker hosts {env!r}")
         return random.choice(able).url

@@ -132,3 +132,39 @@ async def test_deadline_counts_active_time_not_time_queued(settings, redis, keys
         await wait_done(store, b2.id)
     t2 = await store.trajectory(f"{b2.id}-0-0")
     assert t2.state is TrajectoryState.failed and t2.failure.kind is FailureKind.timeout
+
+
+class LostEngine(SimEngine):
+    """Unreachable for the first `n` requests (as while its process restarts), then fine."""
+
+    def __init__(self, n: int):
+        super().__init__("lost")
+        self.left = n
+
+    async def generate(self, req):
+        if self.left > 0:
+            self.left -= 1
+            from rollout_service.engines.base import EngineLost
+
+            raise EngineLost("engine lost unreachable: connection refused")
+        return await super().generate(req)
+
+
+async def test_a_lost_engine_restarts_the_episode_without_charging_an_attempt(settings, redis, keys):
+    q, store = Queue(redis, keys), Store(redis, keys)
+    b = await q.enqueue(RolloutRequest(tasks=[{"seed": 1}], env="math"))
+    with RunningWorker(settings, engines={"lost": (LostEngine(3 * 4), "byte")}):  # 4 episodes' worth of failover
+        await wait_done(store, b.id)
+    t = await store.trajectory(f"{b.id}-0-0")
+    assert t.state is TrajectoryState.completed and (t.attempts, t.restarts) == (1, 4)
+
+
+async def test_a_peer_that_never_returns_fails_after_max_restarts_with_its_kind(settings, redis, keys):
+    settings = dataclasses.replace(settings, max_restarts=2)
+    q, store = Queue(redis, keys), Store(redis, keys)
+    b = await q.enqueue(RolloutRequest(tasks=[{"seed": 1}], env="math"))
+    with RunningWorker(settings, engines={"lost": (LostEngine(10**6), "byte")}):
+        await wait_done(store, b.id)
+    t = await store.trajectory(f"{b.id}-0-0")
+    assert t.state is TrajectoryState.failed and t.failure.kind is FailureKind.engine
+    assert "after 2 restarts" in t.failure.message and (t.attempts, t.restarts) == (1, 2)
