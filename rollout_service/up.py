@@ -128,16 +128,21 @@ class Supervisor:
                 last_tick = now
                 tick(self.children)
 
-    def stop_all(self) -> None:
+    def stop_all(self, each_s: float = 15.0) -> None:
+        """Stop in the reverse of start order, each before the next: the gateway stops taking
+        requests, rollout workers hand their trajectories back, env workers and the engine
+        close, and Redis goes last, so nothing meets a Redis that is already gone."""
         for c in reversed(self.children):
+            c.due = None  # no restart now
+            if not c.proc or c.proc.poll() is not None:
+                continue
             c.stop()
-        deadline = time.monotonic() + 10
-        for c in reversed(self.children):
-            if c.proc:
-                try:
-                    c.proc.wait(max(deadline - time.monotonic(), 0.1))
-                except subprocess.TimeoutExpired:
-                    c.stop(signal.SIGKILL)
+            try:
+                c.proc.wait(each_s)
+            except subprocess.TimeoutExpired:
+                self.say(f"  [yellow]![/] {c.name} did not stop in {each_s:.0f}s; killing it")
+                c.stop(signal.SIGKILL)
+                c.proc.wait(5)
 
 
 def wait_http(url: str, timeout: float, child: Child | None = None) -> None:
@@ -207,7 +212,10 @@ def run(args, console) -> None:
     def _terminate(*_):  # SIGTERM stops the children too, like Ctrl-C
         raise KeyboardInterrupt
 
+    # Both, explicitly: a shell that starts us in the background (`rollout up &`, nohup) leaves
+    # SIGINT ignored, and Python then never turns it into KeyboardInterrupt.
     signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGINT, _terminate)
     console.print("[bold]rollout up[/]")
     try:
         redis_url = args.redis_url or os.environ.get("ROLLOUT_REDIS_URL")
@@ -265,6 +273,8 @@ def run(args, console) -> None:
     except KeyboardInterrupt:
         console.print("\nstopping…")
     finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):  # the ordered stop below is bounded; let it finish
+            signal.signal(sig, signal.SIG_IGN)
         sup.stop_all()
 
 

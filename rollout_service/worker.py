@@ -204,7 +204,9 @@ class Worker:
             log.warning("lease lost; dropping the result", extra={"trajectory_id": claim.trajectory_id})
             return
         except asyncio.CancelledError:
-            episode.cancel()  # worker shutting down: the lease lapses and another worker retries
+            episode.cancel()  # worker shutting down: hand the trajectory back now, uncharged
+            with contextlib.suppress(Exception):  # (if Redis is away too, its lease lapses instead)
+                await asyncio.wait_for(self.queue.restart(claim), 5.0)
             raise
         try:
             traj = await episode

@@ -18,12 +18,14 @@ from trainer_client import RolloutClient
 pytestmark = pytest.mark.e2e
 
 
-def start_up(tmp_path, extra_env: dict[str, str], *args: str) -> tuple[subprocess.Popen, str]:
+def start_up(tmp_path, extra_env: dict[str, str], *args: str, ignore_sigint: bool = False) -> tuple[subprocess.Popen, str]:
+    """`ignore_sigint`: start it as a shell starts a background job (`rollout up &`): SIGINT ignored."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLOUT_")}
     env.update({"ROLLOUT_CACHE_DIR": str(tmp_path / "cache"), **extra_env})
     proc = subprocess.Popen([sys.executable, "-m", "rollout_service.cli", "up", "--port", str(port), *args],
-                            env=env, stdout=open(tmp_path / "up.log", "wb"), stderr=subprocess.STDOUT)
+                            env=env, stdout=open(tmp_path / "up.log", "wb"), stderr=subprocess.STDOUT,
+                            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_sigint else None)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 90
     while True:
@@ -75,3 +77,34 @@ def test_up_with_external_redis_and_cli_submit(tmp_path, prefix):
         assert "completed" in out.stdout and "mean reward" in out.stdout and "32/32" in out.stdout
     finally:
         stop_up(proc)
+
+
+def test_ctrl_c_stops_every_part_in_order_with_no_error_in_any_log(tmp_path, prefix):
+    """SIGINT (even when started in the background, where shells ignore it) stops the gateway
+    first, then hands running work back, then Redis last: no error line anywhere."""
+    proc, url = start_up(tmp_path, {"ROLLOUT_REDIS_URL": REDIS_URL, "ROLLOUT_KEY_PREFIX": prefix},
+                         "--engine", "sim", "--sim-time-scale", "200",  # slow turns: work is in flight
+                         ignore_sigint=True)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    with RolloutClient(url) as c:
+        batch = c.submit([{"seed": s} for s in range(4)], env="calc", group_size=2, max_turns=4)
+        while c.status(batch.id).counts.get("running", 0) == 0:
+            time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(120) == 0
+    assert not psutil.wait_procs(children, timeout=15)[1]
+    logs = list((tmp_path / "cache" / "logs").rglob("*.log"))
+    assert logs
+    for log in logs:
+        text = log.read_text(errors="replace")
+        bad = [line for line in text.splitlines() if "Traceback" in line or '"level": "ERROR"' in line
+               or line.startswith("ERROR")]
+        assert not bad, (log.name, bad[:5])
+    import redis as syncredis
+
+    from scheduler.keys import Keys
+
+    r, keys = syncredis.Redis.from_url(REDIS_URL), Keys(prefix)
+    states = [r.hget(keys.traj(t.decode()), "state") for t in r.lrange(keys.batch_trajs(batch.id), 0, -1)]
+    assert b"running" not in states  # handed back (queued) or finished, never left holding a lease
+    assert r.zcard(keys.leases) == 0
