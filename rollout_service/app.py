@@ -20,7 +20,7 @@ from rollout_service.metrics import Metrics
 from rollout_service.protocol import ErrorResponse
 from rollout_service.engines.fleet import Fleet
 from rollout_service.limits import BodyLimit
-from rollout_service.routes import admin, batches, board, health, sessions
+from rollout_service.routes import admin, batches, board, docs, health, sessions
 from rollout_service.sessions import Sessions
 from scheduler.connection import connect
 from scheduler.keys import Keys
@@ -55,7 +55,8 @@ def create_app(settings: Settings | None = None, redis: aioredis.Redis | None = 
         (422, "Request failed validation"),
         (503, "Redis unreachable (restarting?): `redis_unavailable`; try again after `Retry-After` seconds"))}
     app = FastAPI(title="rollout-service", version=__version__, lifespan=lifespan, responses=common,
-                  description="Rollout-as-a-service for RL training of multi-turn LLM agents.")
+                  description="Rollout-as-a-service for RL training of multi-turn LLM agents.",
+                  docs_url=None, redoc_url=None)  # served offline by routes.docs
     errors.install(app)
     # Added first, so inside `count` (which sees its 413s): Starlette's BaseHTTPMiddleware would
     # wrap the 413 raised while a route reads the body in an ExceptionGroup, and FastAPI make it a 400.
@@ -70,6 +71,7 @@ def create_app(settings: Settings | None = None, redis: aioredis.Redis | None = 
             metrics.requests.labels(route=getattr(route, "path", "unmatched"), status=str(response.status_code)).inc()
         return response
 
+    docs.install(app)
     app.include_router(health.router)
     app.include_router(batches.router)
     app.include_router(admin.router)
