@@ -373,7 +373,7 @@
       const b = this.status;
       const n = done(b);
       const end = b.finished_at || (this.running ? Date.now() / 1000 : null);
-      this.shell.head.replaceChildren(
+      this.shell.head.replaceChildren(...[  // (replaceChildren would print a null child as "null")
         el("div", { class: "head" }, el("h1", { id: "batch-id" }, b.id), el("span", { id: "batch-state" }, badge(b.state)),
           el("span", { class: "chip" }, `env ${b.env}`), b.tenant !== "default" ? el("span", { class: "chip" }, `tenant ${b.tenant}`) : null,
           el("span", { class: "when" }, `created ${new Date(b.created_at * 1000).toLocaleTimeString()}`,
@@ -386,7 +386,8 @@
             el("span", {}, el("span", { class: "big", id: "progress-text", dataset: { done: n, total: b.num_trajectories } },
               `${n} / ${b.num_trajectories}`), "done"),
             STATES.filter((s) => b.counts[s]).map((s) =>
-              el("span", {}, el("span", { class: `legend-dot s-${s}` }), `${s} `, el("b", {}, b.counts[s]))))));
+              el("span", {}, el("span", { class: `legend-dot s-${s}` }), `${s} `, el("b", {}, b.counts[s])))))
+      ].filter(Boolean));
     }
 
     renderStats(rows) {

@@ -207,3 +207,17 @@ def test_board_shows_a_running_batch_live(gateway, settings, browser, tmp_path):
     assert browser.js("return document.getElementById('conn').dataset.state") == "live"
 
     browser.screenshot(tmp_path / "board.png", REPO / "test-output" / "board.png")
+
+
+def test_a_batch_without_metadata_shows_no_null(gateway, browser):
+    auth = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    created = httpx.post(f"{gateway.url}/v1/batches", json={"tasks": [{"seed": 1}], "env": "calc"}, headers=auth)
+    bid = created.json()["id"]
+    browser.open(f"{gateway.url}/board#{bid}")
+    browser.wait("const n = document.getElementById('notice'); return !n.hidden && n.textContent.includes('API key')",
+                 what="the API-key prompt")
+    browser.type("#apikey", ADMIN_KEY + "\n")
+    browser.wait("const h = document.getElementById('batch-id'); return h && h.textContent === arguments[0]", bid,
+                 what="the batch")
+    text = browser.js("return document.body.innerText")
+    assert "null" not in text.split() and "undefined" not in text, text[:500]
