@@ -25,7 +25,7 @@ says where it comes from. `Experts` is one GPU's share of a MoE model's expert l
     >>> round(H200.step_s(LLAMA3_8B, B=1, C=512) * 1e3, 1)  # measured: 4.95 ms
     5.1
     >>> round(H200.step_s(LLAMA3_8B, B=32, C=2048, k=2048) * 1e3, 1)  # measured: 55.9 ms
-    55.8
+    55.2
 
 Non-goals: CPU time of a serving engine's scheduler (graph replays have none; vLLM's async
 scheduling overlaps it), fused/Flash kernels' different constants (fit a preset to them with
