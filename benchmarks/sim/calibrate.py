@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.steps:
         ap.error("give a steps.jsonl to fit, or --predict FILE")
 
-    rows = [r for r in load(args.steps) if r.ms and (not args.fits_only or r.raw.get("fits_h200", True))]
+    rows = [r for r in load(args.steps) if r.ms and (not args.fits_only or r.raw.get("fits", r.raw.get("fits_h200", True)))]
     base = PRESETS["h200"].with_params(name=args.name)
     if args.sms:
         base = base.with_params(sms=args.sms)
