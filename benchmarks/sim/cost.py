@@ -91,11 +91,14 @@ class KVLink:
     def pieces(self, tokens: int, shape: Shape) -> int:
         return math.ceil(tokens / self.block_tokens) * shape.layers * 2  # K and V of each layer, each block
 
+    def move_s(self, nbytes: float, pieces: int) -> float:
+        return self.fixed_s + pieces * self.per_piece_s + nbytes / self.bytes_per_s
+
     def time(self, tokens: int, shape: Shape) -> float:
+        """A context of `tokens` tokens of `shape` (one rank's shard) in vLLM's block layout."""
         if tokens <= 0:
             return 0.0
-        return (self.fixed_s + self.pieces(tokens, shape) * self.per_piece_s
-                + tokens * shape.kv_bytes_per_token() / self.bytes_per_s)
+        return self.move_s(tokens * shape.kv_bytes_per_token(), self.pieces(tokens, shape))
 
 
 # data/h200/copies.jsonl: 55.4 GB/s host<->device for 1 GiB; one 512 MiB context as 1,024 pieces

@@ -201,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--grid", choices=sorted(GRIDS), default=None, help="default: full for the first model, quick after")
     ap.add_argument("--budget-s", type=float, default=1800, help="stop starting new configurations after this")
     ap.add_argument("--kv-budget-gb", type=float, default=30.0)
+    ap.add_argument("--seconds-per-config", type=float, default=0.6, help="timing budget of one configuration")
     ap.add_argument("--run", type=int, default=1, help="written into each row, to tell repeated runs apart")
     args = ap.parse_args(argv)
 
@@ -237,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             row = {"model": name, **shape.row(), "kind": kind, "B": B, "C": C, "k": k, "P": P}
             try:
-                med, low, reps, mode = timed(Step(m, B, C, k, P, kv_budget))
+                med, low, reps, mode = timed(Step(m, B, C, k, P, kv_budget), args.seconds_per_config)
                 gb = (shape.weight_bytes() + (B * C + P + k) * shape.kv_bytes_per_token()) / 1e9
                 row |= {"ms": round(med, 4), "ms_min": round(low, 4), "reps": reps, "mode": mode,
                         "attn": "full" if kind == "decode" else ("lower_right" if P else "causal"), "run": args.run,
