@@ -87,6 +87,16 @@ def load(path: str | Path) -> list[Row]:
     return rows
 
 
+def device_info(path: Path) -> dict:
+    """The first line of an info.jsonl that names a device, or {}."""
+    if path.exists():
+        for line in path.read_text().splitlines():
+            d = json.loads(line) if line.strip() else {}
+            if "device" in d:
+                return d
+    return {}
+
+
 def fit(rows: list[Row], base: GPU, tiles=TILES, rects=(True, False)) -> GPU:
     """The GPU that best explains `rows` (all with `ms`), starting from `base`."""
     y = np.log([r.ms for r in rows])
@@ -145,8 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--predict", metavar="FILE", help="add ms_pred to each line of FILE ('-': stdin)")
     ap.add_argument("--preset", default="h200", choices=sorted(PRESETS), help="GPU figures for --predict")
     ap.add_argument("--name", default="h200", help="name of the fitted preset")
-    ap.add_argument("--sms", type=int, default=None, help="SM count of the measured GPU (default: the preset's)")
-    ap.add_argument("--memory-gb", type=float, default=None, help="GPU memory (default: the preset's)")
+    ap.add_argument("--sms", type=int, default=None, help="SM count of the measured GPU (default: info.jsonl, else the h200's)")
+    ap.add_argument("--memory-gb", type=float, default=None, help="GPU memory (default: info.jsonl, else the h200's)")
     ap.add_argument("--hold-model", default=None, help=f"model shape held out (default {DEFAULT_HOLD} if present)")
     ap.add_argument("--seed", type=int, default=0, help="draws the held-out fifth of the mixed rows")
     ap.add_argument("--fits-only", action="store_true", help="drop rows flagged as not fitting in GPU memory")
@@ -167,10 +177,12 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = [r for r in load(args.steps) if r.ms and (not args.fits_only or r.raw.get("fits", r.raw.get("fits_h200", True)))]
     base = PRESETS["h200"].with_params(name=args.name)
-    if args.sms:
-        base = base.with_params(sms=args.sms)
-    if args.memory_gb:
-        base = base.with_params(memory_bytes=args.memory_gb * 1e9)
+    device = device_info(Path(args.steps).with_name("info.jsonl"))  # measure.py writes the SM count there
+    sms, memory_gb = args.sms or device.get("sms"), args.memory_gb or device.get("memory_gb")
+    if sms:
+        base = base.with_params(sms=int(sms))
+    if memory_gb:
+        base = base.with_params(memory_bytes=float(memory_gb) * 1e9)
     models = sorted({r.model for r in rows})
     hold = args.hold_model or (DEFAULT_HOLD if DEFAULT_HOLD in models else models[-1])
     print(f"{len(rows)} rows, models: {', '.join(models)}")
