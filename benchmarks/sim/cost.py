@@ -17,10 +17,13 @@ composes its step time from:
 A mixed step (B decodes and a k-token chunk) runs the linear layers once over B + k tokens and
 both attentions one after the other — about decode + prefill minus one weight read, as
 measured; the old `overlap=True` (charge the max of the two) is gone because the data contradict
-it (a mixed step took 1.02–1.84x the larger part). `LEGACY` keeps the old unmeasured defaults as
-a named preset (`ClusterCost.legacy()`), used by nothing by default.
+it (a mixed step took 1.02–1.84x the larger part). `PRESETS["legacy"]` keeps the old unmeasured
+defaults (`ClusterCost.legacy_defaults()`), used by nothing by default.
 
 Every figure and its source is in `benchmarks/sim/README.md`.
+
+Approximations: a DP group's step budget (2,048 tokens a rank) is shared by whatever prefill is
+queued, as if prompts could be spread over ranks (a real group keeps one prompt on one rank).
 
 Non-goals: preemption, partial prefix hits, contention between transfers, pipeline parallelism.
 """
@@ -111,9 +114,12 @@ RDMA = KVLink("rdma", bytes_per_s=50e9, per_piece_s=2.5e-6, fixed_s=0.5e-3)
 
 
 @lru_cache(maxsize=1)
-def qwen3_experts() -> Experts:
+def qwen3_moe() -> "MoE":
+    """Qwen3-30B-A3B's experts on one GPU of an EP8 group, as measured (data/h200/moe.jsonl)."""
     rows = [json.loads(x) for x in (DATA / "moe.jsonl").read_text().splitlines() if x.strip()]
-    return Experts.from_rows(rows, "grouped", "data/h200/moe.jsonl (grouped GEMM, EP8 share of Qwen3-30B-A3B)")
+    head = next(r for r in rows if "expert_params_this_gpu" in r)
+    experts = Experts.from_rows(rows, "grouped", "data/h200/moe.jsonl (grouped GEMM, EP8 share of Qwen3-30B-A3B)")
+    return MoE(head["hidden"], head["top_k"], experts, head["expert_params_this_gpu"])
 
 
 @dataclass(slots=True, frozen=True)
@@ -135,12 +141,13 @@ class MoE:
     hidden: int
     top_k: int
     experts: Experts
+    params_per_gpu: int  # expert weights one GPU holds
 
 
 @dataclass(slots=True)
 class ClusterCost:
-    """Step and transfer times of one engine. Build one with a classmethod (`dense`, `moe`,
-    `legacy`) or `PRESETS[name]()`."""
+    """Step and transfer times of one engine. Build one with a classmethod (`dense`, `moe_dp`,
+    `legacy_defaults`) or `PRESETS[name]()`."""
 
     shape: Shape = LLAMA3_8B  # the whole model
     gpu: GPU = H200
@@ -173,7 +180,9 @@ class ClusterCost:
     @classmethod
     def moe_dp(cls, dp: int = 8, gpu: GPU = H200, **kw) -> "ClusterCost":
         """Qwen3-30B-A3B: attention data-parallel over `dp` ranks, 128 experts spread over them."""
-        return cls(shape=QWEN3_30B_A3B_ATTN, gpu=gpu, dp=dp, moe=MoE(2048, 8, qwen3_experts()), **kw)
+        if dp != 8:
+            raise ValueError("the experts were measured as one GPU of an EP8 group")
+        return cls(shape=QWEN3_30B_A3B_ATTN, gpu=gpu, dp=dp, moe=qwen3_moe(), **kw)
 
     @classmethod
     def legacy_defaults(cls) -> "ClusterCost":
@@ -258,8 +267,8 @@ class ClusterCost:
     # --- the pieces -----------------------------------------------------------------------------
     def _weights_per_gpu(self) -> float:
         w = self._rank.weight_bytes()
-        if self.moe is not None:  # this GPU's experts: measured params in data/h200/moe.jsonl
-            w += 3_623_878_656 * 2
+        if self.moe is not None:
+            w += self.moe.params_per_gpu * self._rank.bytes_per_param
         return w
 
     def _linear(self, b: int, k: int) -> float:
