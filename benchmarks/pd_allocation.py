@@ -20,7 +20,7 @@ Prints one line per figure with the speedup of guided over colocated and over th
 static split, then where guided wins, ties (within ±2%) and loses, and writes
 benchmarks/results/pd_allocation.json.
 
-    python benchmarks/pd_allocation.py                      # every model; ~10 min on 2 cores
+    python benchmarks/pd_allocation.py                      # every model; ~15 min on 2 cores
     python benchmarks/pd_allocation.py --models llama3-8b-tp1 --gpus 8 --modes sync --workloads swe
     python benchmarks/pd_allocation.py --scale 4            # 4x the trajectories per GPU
     python benchmarks/pd_allocation.py --models legacy      # the pre-measurement defaults

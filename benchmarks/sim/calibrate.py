@@ -33,7 +33,7 @@ from statistics import median
 import numpy as np
 from scipy.optimize import least_squares
 
-from benchmarks.sim.hardware import PRESETS, GPU
+from benchmarks.sim.hardware import GPU, PRESETS
 from benchmarks.sim.shape import FIELDS, Shape
 
 KINDS = ("decode", "prefill", "mixed")
@@ -67,7 +67,7 @@ class Row:
     raw: dict
 
     @staticmethod
-    def parse(d: dict) -> "Row":
+    def parse(d: dict) -> Row:
         kind = d.get("kind") or ("mixed" if d.get("B") and d.get("k") else "prefill" if d.get("k") else "decode")
         model = d.get("model") or "/".join(str(d[f]) for f in FIELDS)
         return Row(Shape.from_row(d), kind, int(d.get("B", 0)), int(d.get("C", 0)), int(d.get("k", 0)),
@@ -165,8 +165,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.predict:
         gpu = PRESETS[args.preset]
-        src = sys.stdin if args.predict == "-" else open(args.predict)
-        for raw in src:
+        text = sys.stdin.read() if args.predict == "-" else Path(args.predict).read_text()
+        for raw in text.splitlines():
             if raw.strip():
                 d = json.loads(raw)
                 d["ms_pred"] = round(Row.parse(d).predict_ms(gpu), 4)

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from benchmarks.sim.hardware import H200, GPU, Experts
+from benchmarks.sim.hardware import GPU, H200, Experts
 from benchmarks.sim.shape import LLAMA3_8B, QWEN3_30B_A3B_ATTN, QWEN25_32B, Shape
 
 DATA = Path(__file__).parent / "data" / "h200"
@@ -114,7 +114,7 @@ RDMA = KVLink("rdma", bytes_per_s=50e9, per_piece_s=2.5e-6, fixed_s=0.5e-3)
 
 
 @lru_cache(maxsize=1)
-def qwen3_moe() -> "MoE":
+def qwen3_moe() -> MoE:
     """Qwen3-30B-A3B's experts on one GPU of an EP8 group, as measured (data/h200/moe.jsonl)."""
     rows = [json.loads(x) for x in (DATA / "moe.jsonl").read_text().splitlines() if x.strip()]
     head = next(r for r in rows if "expert_params_this_gpu" in r)
@@ -174,18 +174,18 @@ class ClusterCost:
 
     # --- presets ----------------------------------------------------------------------------
     @classmethod
-    def dense(cls, shape: Shape, tp: int = 1, gpu: GPU = H200, **kw) -> "ClusterCost":
+    def dense(cls, shape: Shape, tp: int = 1, gpu: GPU = H200, **kw) -> ClusterCost:
         return cls(shape=shape, gpu=gpu, tp=tp, **kw)
 
     @classmethod
-    def moe_dp(cls, dp: int = 8, gpu: GPU = H200, **kw) -> "ClusterCost":
+    def moe_dp(cls, dp: int = 8, gpu: GPU = H200, **kw) -> ClusterCost:
         """Qwen3-30B-A3B: attention data-parallel over `dp` ranks, 128 experts spread over them."""
         if dp != 8:
             raise ValueError("the experts were measured as one GPU of an EP8 group")
         return cls(shape=QWEN3_30B_A3B_ATTN, gpu=gpu, dp=dp, moe=qwen3_moe(), **kw)
 
     @classmethod
-    def legacy_defaults(cls) -> "ClusterCost":
+    def legacy_defaults(cls) -> ClusterCost:
         """The simulator's defaults before issue 23 (assumed, never measured): prefill 20k tok/s
         + 4 ms a request, decode 10 ms + 0.1 ms a sequence + 4e-8 s a context token, a chunk
         overlapping the decode (max), 400k KV tokens, 5 µs a token + 2 ms a transfer."""

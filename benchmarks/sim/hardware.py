@@ -102,7 +102,7 @@ class GPU:
         t += shape.layers * (self.decode_attn_s(shape, B, C) + self.prefill_attn_s(shape, k, P))
         return t
 
-    def with_params(self, **kw) -> "GPU":
+    def with_params(self, **kw) -> GPU:
         return dataclasses.replace(self, **kw)
 
 
@@ -139,7 +139,7 @@ class Experts:
     source: str = ""
 
     @staticmethod
-    def from_rows(rows: list[dict], impl: str = "grouped", source: str = "") -> "Experts":
+    def from_rows(rows: list[dict], impl: str = "grouped", source: str = "") -> Experts:
         pts = sorted((r["T"], r["ms"] / 1e3) for r in rows if r.get("kind") == "experts" and r.get("impl") == impl)
         return Experts(tuple(t for t, _ in pts), tuple(s for _, s in pts), source)
 

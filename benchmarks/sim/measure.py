@@ -39,18 +39,18 @@ from benchmarks.sim.shape import MODELS, Shape
 TINY = Shape(256, 2, 4, 2, 64, 512, 1000)  # CPU smoke test only
 GRIDS = {
     # decode (B, C) with B·C ≤ 2.1M; prefill (k, P); mixed (B, C, k, P)
-    "full": dict(
-        decode=[(b, c) for b in (1, 8, 32, 64, 128, 256, 512) for c in (512, 2048, 8192, 32768) if b * c <= 2_100_000],
-        prefill=[(k, 0) for k in (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)]
+    "full": {
+        "decode": [(b, c) for b in (1, 8, 32, 64, 128, 256, 512) for c in (512, 2048, 8192, 32768) if b * c <= 2_100_000],
+        "prefill": [(k, 0) for k in (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)]
         + [(k, p) for k in (256, 1024, 4096) for p in (4096, 16384, 32768)],
-        mixed=[(b, c, k, 0) for b in (32, 128, 256) for c in (2048, 8192) for k in (256, 512, 1024, 2048, 4096)]
-        + [(128, 4096, k, p) for k in (512, 2048) for p in (8192, 32768)]),
-    "quick": dict(
-        decode=[(b, c) for b in (1, 64, 256) for c in (2048, 8192)],
-        prefill=[(k, 0) for k in (256, 2048, 8192)] + [(256, p) for p in (4096, 16384, 32768)],
-        mixed=[(128, c, k, 0) for c in (2048, 8192) for k in (512, 2048)]
-        + [(128, 4096, k, p) for k in (512, 2048) for p in (8192, 32768)]),
-    "tiny": dict(decode=[(1, 64), (4, 128)], prefill=[(32, 0), (16, 64)], mixed=[(4, 128, 32, 0), (2, 64, 16, 32)]),
+        "mixed": [(b, c, k, 0) for b in (32, 128, 256) for c in (2048, 8192) for k in (256, 512, 1024, 2048, 4096)]
+        + [(128, 4096, k, p) for k in (512, 2048) for p in (8192, 32768)]},
+    "quick": {
+        "decode": [(b, c) for b in (1, 64, 256) for c in (2048, 8192)],
+        "prefill": [(k, 0) for k in (256, 2048, 8192)] + [(256, p) for p in (4096, 16384, 32768)],
+        "mixed": [(128, c, k, 0) for c in (2048, 8192) for k in (512, 2048)]
+        + [(128, 4096, k, p) for k in (512, 2048) for p in (8192, 32768)]},
+    "tiny": {"decode": [(1, 64), (4, 128)], "prefill": [(32, 0), (16, 64)], "mixed": [(4, 128, 32, 0), (2, 64, 16, 32)]},
 }
 
 
@@ -186,9 +186,9 @@ def ceilings(device: str) -> dict:
         e1.synchronize()
         return e0.elapsed_time(e1) / reps
 
-    out = {"bf16_matmul_tflops": round(2 * n ** 3 / ms(lambda: a @ b) / 1e9, 1),
+    out = {"bf16_matmul_tflops": round(2 * n ** 3 / ms(lambda: torch.mm(a, b)) / 1e9, 1),
            "d2d_copy_tb_s": round(2 * x.numel() / ms(lambda: y.copy_(x)) / 1e9, 2)}
-    del a, b, x, y
+    a = b = x = y = None  # free before the models load
     torch.cuda.empty_cache()
     return out
 

@@ -36,13 +36,13 @@ class Shape:
     bytes_per_param: int = 2  # bf16
 
     @staticmethod
-    def from_row(row: dict) -> "Shape":
+    def from_row(row: dict) -> Shape:
         return Shape(**{f: int(row[f]) for f in FIELDS})
 
     def row(self) -> dict:
         return {f: getattr(self, f) for f in FIELDS}
 
-    def shard(self, tp: int) -> "Shape":
+    def shard(self, tp: int) -> Shape:
         """This (whole) model's shard on one of `tp` ranks."""
         if self.tp != 1:
             raise ValueError("shard a whole model (tp=1), not a shard")
