@@ -27,7 +27,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from benchmarks.sim.clock import EventLoop
-from benchmarks.sim.cost import ClusterCost
+from benchmarks.sim.cost import DEFAULT, PRESETS, ClusterCost
 from benchmarks.sim.gpu import SimGPU
 from benchmarks.sim.workload import Episode, Workload
 from scheduler.allocator import Allocator, AllocatorConfig, Capacity, Layout
@@ -107,15 +107,12 @@ class Cluster:
         if mode not in ("sync", "async"):
             raise ValueError(f"mode must be sync or async, not {mode!r}")
         self.workload, self.policy, self.mode, self.seed = workload, policy, mode, seed
-        self.cost = cost or ClusterCost()
+        self.cost = cost or PRESETS[DEFAULT]()
         self.control_s = control_s
         self.loop = EventLoop()
         self.guided = policy.prefill is None
         c = self.cost
-        self.capacity = Capacity(prefill_tok_s=c.prefill_tokens_per_s,
-                                 step=[c.decode_step_s, c.decode_step_per_seq_s, c.decode_step_per_ctx_s,
-                                       1.0 / c.prefill_tokens_per_s],  # prior: prefill fully additive
-                                 kv_tokens=c.kv_capacity_tokens)
+        self.capacity = Capacity(prefill_tok_s=c.prefill_tokens_per_s, step=c.prior(), kv_tokens=c.kv_capacity_tokens)
         measure = self._measure if self.guided else None
         self._measured = 0
         self.gpus = {f"g{i:03d}": SimGPU(f"g{i:03d}", c, self.loop, self._prefilled, self._decoded, measure)
@@ -186,7 +183,8 @@ class Cluster:
             return
         gpu = self.gpus[eid]
         tr.engines[eid] = None
-        gpu.add_prefill(tid, max(tr.context - gpu.hit(tid), 1))
+        hit = min(gpu.hit(tid), tr.context - 1)
+        gpu.add_prefill(tid, tr.context - hit, hit)
 
     def _prefilled(self, gpu: SimGPU, tid: str) -> None:
         gpu.touch(tid, self.trajs[tid].context)

@@ -1,61 +1,315 @@
-"""The engine cost model the simulator runs on, with every parameter and where it comes from.
+"""What an engine's steps and KV hand-overs cost in the simulator, from measured GPU figures.
 
-Extends `rollout_service.engines.sim.CostModel` (its four fields keep their meaning and
-defaults: prefill 20,000 tok/s + 4 ms per request, decode step 10 ms at batch 1 + 0.1 ms per
-extra sequence) with what a cluster simulation also needs. The defaults describe an assumed
-8B-class dense model (GQA, bf16) on one 80 GB datacenter GPU; none of them was measured on a
-GPU here (our machines have none; PLATFORM.md has the CPU figures, ~100x slower), so treat
-absolute seconds as illustrative and ratios between policies as the result.
+An engine is `gpus` GPUs serving one model: a tensor-parallel group (`tp` ranks), or for a MoE
+model a data-parallel attention group with expert parallelism (`dp` ranks). `ClusterCost`
+composes its step time from:
 
-| parameter | default | why |
-|---|---|---|
-| prefill_tokens_per_s | 20,000 | compute-bound prefill of an 8B model on an H100-class GPU |
-| prefill_overhead_s | 0.004 | launch/scheduling cost per prefill request |
-| decode_step_s | 0.010 | one decode step: reading ~16 GB of weights at ~2-3 TB/s (+ overheads) |
-| decode_step_per_seq_s | 0.0001 | per-sequence compute/sampling cost in a step |
-| decode_step_per_ctx_s | 4e-8 | reading one context token's KV per step: 128 KiB / 3.3 TB/s |
-| prefill_chunk_tokens | 2,048 | chunked-prefill budget per colocated step (vLLM max_num_batched_tokens) |
-| kv_capacity_tokens | 400,000 | ~50 GiB KV cache at 128 KiB/token after weights and activations |
-| kv_transfer_s_per_token | 5e-6 | 128 KiB/token over ~25 GB/s RDMA (NIXL) between GPUs |
-| kv_transfer_overhead_s | 0.002 | per-transfer handshake |
-| overlap | True | a colocated prefill chunk overlaps the decode's memory traffic (False: they add) |
+- one rank's compute: `hardware.GPU.step_s` on the rank's shard (`shape.Shape.shard(tp)`), with
+  the GPU's fitted figures (`hardware.H200`, from `data/h200/steps.jsonl`);
+- for tp > 1, two all-reduces per layer of the step's activations (`AllReduce`, NCCL's figures);
+- for a MoE group: the expert layers of one GPU over the tokens routed to it (`hardware.Experts`,
+  from `data/h200/moe.jsonl`), a dispatch and a combine per layer (`AllToAll`, DeepEP's figures),
+  and the **DP-attention barrier**: every rank waits at each layer's all-to-all for the slowest,
+  so a step takes the rank with the prefill chunk (the decode batch is spread evenly);
+- KV hand-over between engines: `KVLink` (a fixed cost, a cost per piece — one 16-token block of
+  one layer's K or V — and bytes over the link's bandwidth).
 
-A colocated step that carries a prefill chunk of k tokens next to B decoding sequences holding
-C context tokens takes `per_seq·B + max(step + per_ctx·C, k / prefill rate)`: the chunk's
-compute overlaps the decode's memory traffic (roofline), so interference is the excess, not
-the sum (`overlap=False` makes it the sum: the pessimistic case for colocation, e.g. when
-attention kernels for mixed batches serialise). A decode-only step is `step + per_seq·B + per_ctx·C`; a prefill-only engine runs at
-the full prefill rate.
+A mixed step (B decodes and a k-token chunk) runs the linear layers once over B + k tokens and
+both attentions one after the other — about decode + prefill minus one weight read, as
+measured; the old `overlap=True` (charge the max of the two) is gone because the data contradict
+it (a mixed step took 1.02–1.84x the larger part). `PRESETS["legacy"]` keeps the old unmeasured
+defaults (`ClusterCost.legacy_defaults()`), used by nothing by default.
 
-The prefix cache shares `kv_capacity_tokens` with running sequences and evicts
-least-recently-used idle prefixes (see `gpu.SimGPU`).
+Every figure and its source is in `benchmarks/sim/README.md`.
 
-Non-goals: modelling preemption/swapping, partial (block-level) prefix hits, network
-contention between transfers.
+Approximations: a DP group's step budget (2,048 tokens a rank) is shared by whatever prefill is
+queued, as if prompts could be spread over ranks (a real group keeps one prompt on one rank).
+
+Non-goals: preemption, partial prefix hits, contention between transfers, pipeline parallelism.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
 
-from rollout_service.engines.sim import CostModel
+from benchmarks.sim.hardware import GPU, H200, Experts
+from benchmarks.sim.shape import LLAMA3_8B, QWEN3_30B_A3B_ATTN, QWEN25_32B, Shape
+
+DATA = Path(__file__).parent / "data" / "h200"
+
+
+@dataclass(slots=True, frozen=True)
+class AllReduce:
+    """NCCL ring all-reduce time: the cheaper of the LL and Simple protocols, NCCL's own model."""
+
+    busbw: float = 450e9  # bytes/s: NVLink 4, 900 GB/s bidirectional per H200 (NVIDIA datasheet)
+    ll_base_s: float = 3.6e-6  # NCCL src/graph/tuning.cc: baseLat, Ring/LL
+    ll_hop_s: float = 0.47e-6  # hwLat NVLink Ring/LL, per step (2(n-1) steps)
+    simple_base_s: float = 8.4e-6  # baseLat Ring/Simple
+    simple_hop_s: float = 3.4e-6  # hwLat NVLink Ring/Simple
+    ll_bw_fraction: float = 0.25  # tuning.cc: LL ring all-reduce runs at busBw/4
+
+    def time(self, nbytes: float, ranks: int) -> float:
+        if ranks <= 1:
+            return 0.0
+        steps = 2 * (ranks - 1)
+        wire = nbytes * steps / ranks  # busbw counts 2(n-1)/n of the payload
+        ll = self.ll_base_s + steps * self.ll_hop_s + wire / (self.busbw * self.ll_bw_fraction)
+        simple = self.simple_base_s + steps * self.simple_hop_s + wire / self.busbw
+        return min(ll, simple)
+
+
+@dataclass(slots=True, frozen=True)
+class AllToAll:
+    """MoE dispatch (FP8) + combine (BF16) per layer over NVLink. DeepEP reaches 96% of the link
+    (V1 on H800, docs/legacy.md: 153/158 GB/s of ~160 GB/s at EP8) and 81% (V2 on B200, README:
+    726/740 of 900 GB/s); we take 80% of the H200's 450 GB/s a direction."""
+
+    dispatch_bw: float = 360e9
+    combine_bw: float = 360e9
+    latency_s: float = 10e-6  # per call; assumed, near NCCL's 8-rank NVLink LL latency (3.6 + 14·0.47 µs)
+
+    def time(self, tokens: float, hidden: int, top_k: int) -> float:
+        if tokens <= 0:
+            return 0.0
+        routed = tokens * top_k * hidden
+        return 2 * self.latency_s + routed * 1 / self.dispatch_bw + routed * 2 / self.combine_bw
+
+
+@dataclass(slots=True, frozen=True)
+class KVLink:
+    """Moving a context's KV: fixed + pieces · per_piece + bytes / bandwidth."""
+
+    name: str
+    bytes_per_s: float
+    per_piece_s: float
+    fixed_s: float
+    block_tokens: int = 16  # vLLM's default KV block
+
+    def pieces(self, tokens: int, shape: Shape) -> int:
+        return math.ceil(tokens / self.block_tokens) * shape.layers * 2  # K and V of each layer, each block
+
+    def move_s(self, nbytes: float, pieces: int) -> float:
+        return self.fixed_s + pieces * self.per_piece_s + nbytes / self.bytes_per_s
+
+    def time(self, tokens: int, shape: Shape) -> float:
+        """A context of `tokens` tokens of `shape` (one rank's shard) in vLLM's block layout."""
+        if tokens <= 0:
+            return 0.0
+        return self.move_s(tokens * shape.kv_bytes_per_token(), self.pieces(tokens, shape))
+
+
+# data/h200/copies.jsonl: 55.4 GB/s host<->device for 1 GiB; one 512 MiB context as 1,024 pieces
+# takes 12.26 ms against 9.70 ms as one, 2.5 µs per extra piece (64 pieces: 2.7 µs).
+HOST_TIER = KVLink("host", bytes_per_s=55.4e9, per_piece_s=2.5e-6, fixed_s=17e-6)  # fixed: a 64 KiB copy
+# GPU to GPU between nodes: one 400 Gb/s ConnectX-7 port per GPU (NVIDIA DGX H200 datasheet) = 50
+# GB/s; per piece the measured copy cost above (the only per-piece figure we have); fixed: one
+# notification round trip plus the decode engine noticing it, assumed 0.5 ms.
+RDMA = KVLink("rdma", bytes_per_s=50e9, per_piece_s=2.5e-6, fixed_s=0.5e-3)
+
+
+@lru_cache(maxsize=1)
+def qwen3_moe() -> MoE:
+    """Qwen3-30B-A3B's experts on one GPU of an EP8 group, as measured (data/h200/moe.jsonl)."""
+    rows = [json.loads(x) for x in (DATA / "moe.jsonl").read_text().splitlines() if x.strip()]
+    head = next(r for r in rows if "expert_params_this_gpu" in r)
+    experts = Experts.from_rows(rows, "grouped", "data/h200/moe.jsonl (grouped GEMM, EP8 share of Qwen3-30B-A3B)")
+    return MoE(head["hidden"], head["top_k"], experts, head["expert_params_this_gpu"])
+
+
+@dataclass(slots=True, frozen=True)
+class Linear:
+    """The simulator's step model before issue 23: assumed, never measured (`ClusterCost.legacy_defaults`)."""
+
+    prefill_tok_s: float = 20_000.0
+    step_s: float = 0.010
+    per_seq_s: float = 1e-4
+    per_ctx_s: float = 4e-8
+    transfer_per_token_s: float = 5e-6
+    transfer_fixed_s: float = 0.002
+
+
+@dataclass(slots=True, frozen=True)
+class MoE:
+    """Expert side of a MoE model under expert parallelism, as one GPU sees it."""
+
+    hidden: int
+    top_k: int
+    experts: Experts
+    params_per_gpu: int  # expert weights one GPU holds
 
 
 @dataclass(slots=True)
-class ClusterCost(CostModel):
-    decode_step_per_ctx_s: float = 4e-8
-    prefill_chunk_tokens: int = 2048
-    kv_capacity_tokens: int = 400_000
-    kv_transfer_s_per_token: float = 5e-6
-    kv_transfer_overhead_s: float = 0.002
-    overlap: bool = True
+class ClusterCost:
+    """Step and transfer times of one engine. Build one with a classmethod (`dense`, `moe_dp`,
+    `legacy_defaults`) or `PRESETS[name]()`."""
 
-    def step_time(self, batch: int, context: float, chunk: float = 0.0) -> float:
-        """One engine iteration: `batch` decoding sequences holding `context` tokens, plus a
-        colocated prefill chunk of `chunk` tokens."""
-        memory = self.decode_step_s + self.decode_step_per_ctx_s * context
-        compute = chunk / self.prefill_tokens_per_s
-        return self.decode_step_per_seq_s * batch + (max(memory, compute) if self.overlap else memory + compute)
+    shape: Shape = LLAMA3_8B  # the whole model
+    gpu: GPU = H200
+    tp: int = 1
+    dp: int = 1  # data-parallel attention ranks (a MoE group); 1 for a dense model
+    moe: MoE | None = None
+    prefill_chunk_tokens: int = 2048  # vLLM max_num_batched_tokens: token budget of one step
+    kv_capacity_tokens: int = 0  # 0: from the GPU's memory (see __post_init__)
+    memory_utilization: float = 0.9  # vLLM gpu_memory_utilization default
+    link: KVLink = RDMA
+    allreduce: AllReduce = field(default_factory=AllReduce)
+    alltoall: AllToAll = field(default_factory=AllToAll)
+    prefill_overhead_s: float = 0.0  # per request; graph-replayed steps have none
+    legacy: Linear | None = None  # the old model, for the `legacy` preset only
+    _rank: Shape = field(init=False, repr=False)
+    _lin: dict = field(init=False, repr=False, default_factory=dict)
+    _pf_rate: float = field(init=False, repr=False, default=0.0)
+
+    def __post_init__(self) -> None:
+        self._rank = self.shape.shard(self.tp) if self.tp > 1 else self.shape
+        if not self.kv_capacity_tokens and self.legacy is None:
+            free = self.gpu.memory_bytes * self.memory_utilization - self._weights_per_gpu()
+            self.kv_capacity_tokens = int(max(free, 0) / self._rank.kv_bytes_per_token()) * self.dp
+
+    # --- presets ----------------------------------------------------------------------------
+    @classmethod
+    def dense(cls, shape: Shape, tp: int = 1, gpu: GPU = H200, **kw) -> ClusterCost:
+        return cls(shape=shape, gpu=gpu, tp=tp, **kw)
+
+    @classmethod
+    def moe_dp(cls, dp: int = 8, gpu: GPU = H200, **kw) -> ClusterCost:
+        """Qwen3-30B-A3B: attention data-parallel over `dp` ranks, 128 experts spread over them."""
+        if dp != 8:
+            raise ValueError("the experts were measured as one GPU of an EP8 group")
+        return cls(shape=QWEN3_30B_A3B_ATTN, gpu=gpu, dp=dp, moe=qwen3_moe(), **kw)
+
+    @classmethod
+    def legacy_defaults(cls) -> ClusterCost:
+        """The simulator's defaults before issue 23 (assumed, never measured): prefill 20k tok/s
+        + 4 ms a request, decode 10 ms + 0.1 ms a sequence + 4e-8 s a context token, a chunk
+        overlapping the decode (max), 400k KV tokens, 5 µs a token + 2 ms a transfer."""
+        return cls(prefill_overhead_s=0.004, kv_capacity_tokens=400_000, legacy=Linear())
+
+    # --- what the simulator asks --------------------------------------------------------------
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.dp
+
+    @property
+    def step_tokens(self) -> int:
+        """Prefill tokens one step takes at most: the chunk budget on each DP rank."""
+        return self.prefill_chunk_tokens * self.dp
+
+    def step_time(self, batch: int, context: float, chunk: float = 0.0, prefix: float = 0.0) -> float:
+        """One engine iteration: `batch` decoding sequences holding `context` tokens in all, plus
+        a prefill chunk of `chunk` tokens after `prefix` cached ones."""
+        if self.legacy is not None:
+            lg = self.legacy
+            return lg.per_seq_s * batch + max(lg.step_s + lg.per_ctx_s * context, chunk / lg.prefill_tok_s)
+        k = math.ceil(chunk) if chunk > 0 else 0
+        if self.dp > 1:
+            return self._group_step(batch, context, k, prefix)
+        b = batch
+        t = self._linear(b, k) + self._rank.layers * (
+            self.gpu.decode_attn_s(self._rank, b, context / b if b else 0.0) + self.gpu.prefill_attn_s(self._rank, k, prefix))
+        return t
+
+    def prefill_time(self, tokens: float, prefix: float = 0.0) -> float:
+        """A prefill-only engine prefilling `tokens` after `prefix` cached ones, in chunks."""
+        t, done = 0.0, 0.0
+        while done < tokens:
+            k = min(self.step_tokens, tokens - done)
+            t += self.step_time(0, 0.0, k, prefix + done)
+            done += k
+        return t
 
     def transfer_time(self, tokens: int) -> float:
-        return self.kv_transfer_overhead_s + tokens * self.kv_transfer_s_per_token
+        if self.legacy is not None:
+            return self.legacy.transfer_fixed_s + tokens * self.legacy.transfer_per_token_s
+        return self.link.time(tokens, self._rank)  # every rank sends its shard at once, over its own port
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        """At the step's token budget, no prefix: for drain estimates and the allocator's prior."""
+        if self.legacy is not None:
+            return self.legacy.prefill_tok_s
+        if not self._pf_rate:
+            self._pf_rate = self.step_tokens / self.step_time(0, 0.0, self.step_tokens)
+        return self._pf_rate
+
+    @property
+    def decode_step_s(self) -> float:
+        return self.legacy.step_s if self.legacy is not None else self.step_time(1, 1000.0)
+
+    def prior(self) -> list[float]:
+        """The allocator's linear step model (base, per sequence, per context token, per chunk
+        token), read off this cost model around a typical step (64 sequences of 2k tokens)."""
+        if self.legacy is not None:
+            lg = self.legacy
+            return [lg.step_s, lg.per_seq_s, lg.per_ctx_s, 1.0 / lg.prefill_tok_s]
+        b, c, k = 64, 64 * 2048.0, 512
+        base = self.step_time(1, 0.0)
+        per_seq = (self.step_time(b, 0.0) - base) / (b - 1)
+        per_ctx = (self.step_time(b, c) - self.step_time(b, 0.0)) / c
+        per_chunk = (self.step_time(b, c, k) - self.step_time(b, c)) / k
+        return [base, max(per_seq, 0.0), max(per_ctx, 0.0), max(per_chunk, 0.0)]
+
+    def describe(self) -> dict:
+        """What the benchmark's JSON records about this cost model."""
+        if self.legacy is not None:
+            return {"preset": "legacy", **dataclasses.asdict(self.legacy)}
+        return {"model": self.shape.row(), "gpu": self.gpu.name, "gpu_source": self.gpu.source, "tp": self.tp,
+                "dp": self.dp, "moe": self.moe is not None, "prefill_chunk_tokens": self.prefill_chunk_tokens,
+                "kv_capacity_tokens": self.kv_capacity_tokens, "link": dataclasses.asdict(self.link),
+                "allreduce": dataclasses.asdict(self.allreduce)}
+
+    # --- the pieces -----------------------------------------------------------------------------
+    def _weights_per_gpu(self) -> float:
+        w = self._rank.weight_bytes()
+        if self.moe is not None:
+            w += self.moe.params_per_gpu * self._rank.bytes_per_param
+        return w
+
+    def _linear(self, b: int, k: int) -> float:
+        """Everything in a step that depends only on its token counts (cached: called per event)."""
+        key = (b, k)
+        t = self._lin.get(key)
+        if t is None:
+            g, s = self.gpu, self._rank
+            tokens, sampled, kinds = b + k, b + (1 if k else 0), (b > 0) + (k > 0)
+            t = g.fixed_s + s.layers * (sum(g.matmul_s(m, tokens) for m in s.gemms()) + kinds * g.attn_call_s)
+            t += g.matmul_s(s.hidden * s.vocab, sampled)
+            t += 2 * s.layers * self.allreduce.time(tokens * s.hidden * s.bytes_per_param, self.tp)
+            if len(self._lin) > 200_000:
+                self._lin.clear()
+            self._lin[key] = t
+        return t
+
+    def _group_step(self, batch: int, context: float, k: int, prefix: float) -> float:
+        """A DP-attention group: decodes spread evenly over the ranks, prefill chunks of up to the
+        budget on as many ranks as they fill; every rank waits for the slowest at each layer's
+        all-to-all, so the step is that rank's attention side + the experts + the all-to-alls."""
+        g, s, moe = self.gpu, self._rank, self.moe
+        b = math.ceil(batch / self.dp) if batch else 0
+        ctx = context / batch if batch else 0.0
+        kr = min(k, self.prefill_chunk_tokens)  # the slowest rank's chunk
+        slowest = self._linear(b, kr) + s.layers * (g.decode_attn_s(s, b, ctx) + g.prefill_attn_s(s, kr, prefix))
+        if moe is None:
+            return slowest
+        experts = moe.experts.step_s((batch + k) * moe.top_k / self.dp)  # experts spread evenly over the ranks
+        return slowest + experts + s.layers * self.alltoall.time(b + kr, moe.hidden, moe.top_k)
+
+
+def _moe() -> ClusterCost:
+    return ClusterCost.moe_dp(8)
+
+
+PRESETS = {
+    "llama3-8b-tp1": lambda: ClusterCost.dense(LLAMA3_8B, 1),
+    "qwen2.5-32b-tp2": lambda: ClusterCost.dense(QWEN25_32B, 2),
+    "qwen2.5-32b-tp4": lambda: ClusterCost.dense(QWEN25_32B, 4),
+    "qwen3-30b-a3b-dp8ep8": _moe,
+    "legacy": ClusterCost.legacy_defaults,
+}
+DEFAULT = "llama3-8b-tp1"

@@ -1,9 +1,10 @@
 """One simulated GPU engine with continuous batching, advanced as a fluid between events.
 
 Between two events the engine's composition is fixed, so every decoding sequence gains one
-token per iteration of length τ (`ClusterCost.step_time`) and the head of the prefill queue
-gains k tokens per iteration (k = the chunk budget when colocated with decodes, the full
-prefill rate otherwise). Decoding progress is kept as one virtual counter V (tokens per
+token per iteration of length τ (`ClusterCost.step_time`) and the prefill queue gains k tokens
+per iteration (k = what is queued, up to the step's token budget: several prefills share a
+step, as in vLLM; the fluid credits them to the head first). A step's prefill attention is
+costed at the head's prefix (cached tokens + what it has prefilled), refreshed every chunk. Decoding progress is kept as one virtual counter V (tokens per
 sequence), so a sequence's completion is an O(log B) heap entry rather than a per-step event.
 τ grows with context as sequences decode; it is re-evaluated at least every `REFRESH_STEPS`.
 
@@ -48,7 +49,7 @@ class SimGPU:
         self._seqs: dict[str, tuple[float, int]] = {}  # trajectory -> (V at join, context at join)
         self._s = 0.0  # Σ(context at join − V at join): context now = _s + B·V
         self._n = 0
-        self._prefill: deque[list] = deque()  # [trajectory, tokens left]
+        self._prefill: deque[list] = deque()  # [trajectory, tokens left, context when done]
         self._pf_left = 0.0
         self._wait: deque[tuple[str, int, int]] = deque()  # (trajectory, context, tokens) awaiting KV room
         self._wait_ctx = 0
@@ -76,10 +77,11 @@ class SimGPU:
         return pf + longest * max(self._tau, self.cost.decode_step_s)
 
     # --- work in ----------------------------------------------------------------------
-    def add_prefill(self, tid: str, tokens: int) -> None:
+    def add_prefill(self, tid: str, tokens: int, prefix: int = 0) -> None:
+        """Prefill `tokens` after `prefix` tokens this engine has cached."""
         self._advance()
         work = tokens + self.cost.prefill_overhead_s * self.cost.prefill_tokens_per_s
-        self._prefill.append([tid, work])
+        self._prefill.append([tid, work, prefix + work])
         self._pf_tids[tid] = self._pf_tids.get(tid, 0) + 1
         self._pf_left += work
         self.prefilled_tokens += tokens
@@ -149,24 +151,24 @@ class SimGPU:
         c = self.cost
         b = len(self._seqs)
         ctx = self.context()
-        if self._prefill and b:
-            k = min(c.prefill_chunk_tokens, max(self._prefill[0][1], 1.0))
-            self._tau = c.step_time(b, ctx, k)
-            self._pf_rate = k / self._tau
+        k = 0.0
+        if self._prefill:
+            _, left, end = self._prefill[0]
+            k = min(c.step_tokens, max(self._pf_left, 1.0))
+            tau = c.step_time(b, ctx, k, max(end - left, 0.0))
+            self._pf_rate = k / tau
+            if b:
+                self._tau = tau
         elif b:
             self._tau = c.step_time(b, ctx)
-            k = 0.0
-        else:
-            k = 0.0
-            self._pf_rate = c.prefill_tokens_per_s
         if b and self._measure is not None:
             self._measure(b, ctx, k, self._tau)
         self._version += 1
         nxt = []
         if b:
             nxt.append(min(self._heap[0][0] - self._v, REFRESH_STEPS) * self._tau)
-        if self._prefill:
-            nxt.append(self._prefill[0][1] / self._pf_rate)
+        if self._prefill:  # the head's end, or one chunk on (its prefix has grown)
+            nxt.append(min(self._prefill[0][1], max(k, c.prefill_chunk_tokens)) / self._pf_rate)
         if nxt:
             self.loop.at(self._t + max(min(nxt), 0.0), self._tick, self._version)
 
@@ -182,7 +184,7 @@ class SimGPU:
             self.touch(tid, ctx + round(self._v - v0))
             decoded.append(tid)
         while self._prefill and self._prefill[0][1] <= _EPS:
-            tid, left = self._prefill.popleft()
+            tid, left, _ = self._prefill.popleft()
             self._pf_left -= left
             if self._pf_tids[tid] == 1:
                 del self._pf_tids[tid]

@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks.sim.clock import EventLoop
 from benchmarks.sim.cluster import Cluster, Policy
-from benchmarks.sim.cost import ClusterCost
+from benchmarks.sim.cost import DEFAULT, PRESETS, ClusterCost
 from benchmarks.sim.gpu import SimGPU
 from benchmarks.sim.workload import WORKLOADS, Workload
 from scheduler.allocator import Allocator
@@ -63,14 +63,15 @@ def test_sync_waits_at_the_barrier():
 
 
 def test_gpu_cost_model_single_requests():
-    cost = ClusterCost()
+    cost = PRESETS[DEFAULT]()
     loop = EventLoop()
     done = {}
     gpu = SimGPU("g", cost, loop, lambda g, t: done.setdefault(("p", t), loop.now),
                  lambda g, t: done.setdefault(("d", t), loop.now))
     gpu.add_prefill("a", 20_000)
     loop.run()
-    assert done[("p", "a")] == pytest.approx(1.0 + cost.prefill_overhead_s, rel=1e-6)
+    # chunk by chunk, each chunk's attention over the prefix prefilled so far (was: 20k tok/s flat)
+    assert done[("p", "a")] == pytest.approx(cost.prefill_time(20_000), rel=1e-6)
     gpu.add_decode("b", 1000, 100)
     loop.run()
     per_step = cost.step_time(1, 1000)
