@@ -1,113 +1,47 @@
 """Engine roles from forecast demand: how many prefill, decode and mixed engines, and when to move.
 
-`plan(demand)` scores layouts by the time the cluster would take to serve the forecast
-demand, with the measured `Capacity`:
+`plan(demand)` scores whole layouts — p prefill, d decode and m mixed engines, every split of
+the cluster (on a grid of at most `grid` steps a side) — by the seconds the cluster would need
+to serve the forecast demand, with the **measured** `Capacity` (`scheduler.capacity`: a step
+model fitted to the engines' own step timings):
 
-    prefill s  = prefill tokens / (prefill engines · prefill tok/s), where prefill tokens add
-                 what multi-turn disaggregation costs: a prefill engine recomputes the last
-                 response (it never saw it), and contexts that do not fit in the KV of the
-                 engines holding them are recomputed in full
-    decode s   = steps · step(batch per decode engine)   (steps = decode tokens / sequences;
-                 sequences beyond an engine's KV capacity wait for a later wave)
-    split      : max(prefill s, decode s)                 the two halves run side by side
-    all mixed  : steps · step(batch / N) + interference · prefill tokens / N
-    p + mixed  : prefill shared between p prefill engines and the mixed ones, balanced
+    decode  : sequences spread over the d + m engines that decode; steps · step(batch, context)
+    prefill : the demand's prompt deltas, plus, on prefill engines, the last response when its
+              KV is not pushed back from the decode engine (`response_kv_pushed`), plus full
+              recompute for live contexts that do not fit in the KV of the engines holding them
+    mixed   : its decode steps, plus what its share of prefill adds to them — per prefill token
+              and per step that carries a chunk (the measured stall of a mixed step: on a
+              data-parallel attention group one rank's chunk holds every rank)
+    layout  : the slowest kind; prefill is shared between prefill and mixed engines so that both
+              finish together
 
-`interference` is the measured stall a prefill token adds to a colocated decode step (fitted
-from observed steps, not assumed). Layouts searched: all mixed, p prefill + rest decode,
-p prefill + rest mixed.
+`allocate(demand, drain_s, now)` moves toward the best layout only when it pays:
+- the gain (the share of throughput the new layout wins, held for `payback_s`, in engine-
+  seconds) must beat the real cost of the move — each moved engine's drain time plus the flip
+  (`switch_s`: graph capture and a flushed prefix cache) — by `margin`, and be at least
+  `min_gain` of the current estimate;
+- any number of engines may move in one decision (`max_moves`, a share of the cluster: 1.0 by
+  default) when the forecast says so; an engine that moved less than `dwell_s` ago stays, and
+  nothing new moves while an engine is still draining (hysteresis: no flapping);
+- moving means draining: the engine takes no new work, and `drained(id)` makes it ready in its
+  new role once the caller sees it empty (and, in the simulator, flipped).
 
-`allocate(demand, drain_s, now)` moves toward the best layout only when worth it:
-- the forecast gain (seconds saved over the horizon) must exceed the drain-and-switch cost
-  (each moved engine's drain time plus `switch_s`, as a share of the cluster) by `margin`,
-  and be at least `min_gain` of the current estimate;
-- at most `max_moves` engines move per decision; an engine that moved less than `dwell_s`
-  ago stays; nothing new moves while an engine is still draining (hysteresis: no flapping);
-- moving means draining: the engine takes no new work, and `drained(id)` makes it ready in
-  its new role once the caller sees it empty.
-
-Non-goals: routing (`scheduler.router`), forecasting (`scheduler.forecast`), talking to engines.
+Non-goals: routing (`scheduler.router`), forecasting (`scheduler.forecast`), measuring
+(`scheduler.capacity`), talking to engines.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from scheduler.capacity import Capacity
 from scheduler.forecast import Demand
 from scheduler.roles import EngineRole, EngineState, Role
 
+__all__ = ["Allocator", "AllocatorConfig", "Capacity", "Layout", "Move"]
+
 INF = float("inf")
-
-
-@dataclass(slots=True)
-class Capacity:
-    """Measured engine speed, starting from a prior and refined by observations.
-
-    Decode step seconds ≈ base + per_seq·B + per_ctx·C + interference·K for a step running
-    B sequences holding C context tokens alongside K prefill tokens (colocated chunk). Fitted
-    by ridge regression toward the prior, so a few odd samples cannot swing it.
-    """
-
-    prefill_tok_s: float = 20_000.0
-    step: list = field(default_factory=lambda: [0.010, 1e-4, 4e-8, 5e-5])  # base, per_seq, per_ctx, interf.
-    kv_tokens: float = 400_000.0
-    ridge: float = 50.0  # weight of the prior, in pseudo-samples
-    _xtx: list = field(default_factory=list)
-    _xty: list = field(default_factory=list)
-    _prior: list = field(default_factory=list)
-    _n: int = 0
-
-    def __post_init__(self) -> None:
-        self._prior = list(self.step)
-        self._xtx = [[0.0] * 4 for _ in range(4)]
-        self._xty = [0.0] * 4
-
-    def step_s(self, batch: float, ctx_per_seq: float, prefill_tokens: float = 0.0) -> float:
-        b, s, c, i = self.step
-        return b + s * batch + c * batch * ctx_per_seq + i * prefill_tokens
-
-    def observe_prefill(self, tokens: float, seconds: float) -> None:
-        if seconds > 0 and tokens > 0:
-            self.prefill_tok_s += 0.05 * (tokens / seconds - self.prefill_tok_s)
-
-    def observe_step(self, batch: float, ctx_tokens: float, prefill_tokens: float, seconds: float) -> None:
-        # Features scaled to similar magnitude so the ridge treats them alike.
-        x = (1.0, batch / 100.0, ctx_tokens / 1e5, prefill_tokens / 1e3)
-        for r in range(4):
-            self._xty[r] += x[r] * seconds
-            for c in range(4):
-                self._xtx[r][c] += x[r] * x[c]
-        self._n += 1
-        if self._n % 64 == 0:
-            self._refit()
-
-    def _refit(self) -> None:
-        scale = (1.0, 100.0, 1e5, 1e3)
-        a = [[self._xtx[r][c] + (self.ridge if r == c else 0.0) for c in range(4)] for r in range(4)]
-        y = [self._xty[r] + self.ridge * self._prior[r] * scale[r] for r in range(4)]
-        theta = _solve(a, y)
-        if theta is not None:
-            self.step = [max(t / s, 0.0) for t, s in zip(theta, scale)]
-
-
-def _solve(a: list[list[float]], y: list[float]) -> list[float] | None:
-    """Gaussian elimination with partial pivoting (4x4: not worth a dependency)."""
-    n = len(y)
-    m = [row[:] + [y[i]] for i, row in enumerate(a)]
-    for col in range(n):
-        piv = max(range(col, n), key=lambda r: abs(m[r][col]))
-        if abs(m[piv][col]) < 1e-12:
-            return None
-        m[col], m[piv] = m[piv], m[col]
-        for r in range(col + 1, n):
-            f = m[r][col] / m[col][col]
-            for c in range(col, n + 1):
-                m[r][c] -= f * m[col][c]
-    out = [0.0] * n
-    for r in range(n - 1, -1, -1):
-        out[r] = (m[r][n] - sum(m[r][c] * out[c] for c in range(r + 1, n))) / m[r][r]
-    return out
 
 
 @dataclass(slots=True, frozen=True)
@@ -122,11 +56,14 @@ class Layout:
 
 @dataclass(slots=True)
 class AllocatorConfig:
-    switch_s: float = 1.0  # fixed cost of a switch beyond the drain (a routing change on kv_both vLLM)
+    switch_s: float = 1.0  # flip cost beyond the drain: a routing change on kv_both vLLM; graph capture if re-launched
     margin: float = 0.25  # gain must beat cost by this fraction
     min_gain: float = 0.05  # ... and be at least this share of the current estimate
     dwell_s: float = 30.0  # an engine keeps a new role at least this long
-    max_moves: float = 0.25  # share of the cluster that may move per decision (at least one engine)
+    max_moves: float = 1.0  # share of the cluster that may move per decision (at least one engine)
+    payback_s: float = 60.0  # a new layout is credited with its gain over this long (RL phases last minutes)
+    response_kv_pushed: bool = False  # the decode engine pushes the response KV back: no recompute on split turns
+    grid: int = 16  # layouts searched: p and d in steps of max(1, n // grid), plus the current one
 
 
 @dataclass(slots=True)
@@ -173,54 +110,73 @@ class Allocator:
     def estimate(self, lay: Layout, d: Demand) -> float:
         """Seconds the layout needs for the demand (see the module docstring)."""
         cap = self.capacity
+        p, dec, m = lay.prefill, lay.decode, lay.mixed
+        decoders, prefillers = dec + m, p + m
+        if (d.decode_tokens > 0 and decoders == 0) or (d.prefill_tokens > 0 and prefillers == 0):
+            return INF
         seqs = max(d.decode_seqs, 1.0)
         steps = d.decode_tokens / seqs
         ctx = max(d.mean_context, 1.0)
+        fit = max(cap.kv_tokens / ctx, 1.0)
+        b = seqs / decoders if decoders else 0.0
+        waves = max(1.0, b / fit)  # sequences beyond an engine's KV wait for a later wave
+        decode_s = waves * steps * cap.step_s(min(b, fit), ctx) if d.decode_tokens > 0 else 0.0
+        tokens = self.prefill_tokens(d, prefillers, split=False)
+        extra = 0.0 if self.config.response_kv_pushed or not tokens else d.turns * d.mean_response / tokens
+        rate = cap.prefill_rate()
 
-        def decode_s(n: int, prefill_tokens: float = 0.0) -> float:
-            if d.decode_tokens <= 0:
+        def prefill_side(x: float) -> float:  # x tokens on the prefill engines
+            return x * (1.0 + extra) / (p * rate) if p else 0.0
+
+        def mixed_side(y: float) -> float:  # y tokens on the mixed engines
+            if not m:
                 return 0.0
-            if n == 0:
-                return INF
-            b = seqs / n
-            fit = max(cap.kv_tokens / ctx, 1.0)
-            waves = max(1.0, b / fit)
-            return waves * steps * cap.step_s(min(b, fit), ctx) + cap.step[3] * prefill_tokens / n
+            per = y / m
+            turns = d.turns * (y / tokens if tokens else 0.0) / m
+            n_steps = steps * waves if d.decode_tokens > 0 else 0.0
+            chunk_steps = max(per / cap.chunk_tokens, min(turns, n_steps)) if per > 0 else 0.0
+            base, _, _, per_tok, per_chunk_step = cap.step
+            return (decode_s + chunk_steps * per_chunk_step + per_tok * per
+                    + max(chunk_steps - n_steps, 0.0) * base)
 
-        if lay.prefill == 0:
-            if lay.mixed == 0:
-                return INF if d.prefill_tokens > 0 else decode_s(lay.decode)
-            return decode_s(lay.mixed, self.prefill_tokens(d, lay.mixed, split=False))
-        tokens = self.prefill_tokens(d, lay.prefill + lay.mixed, split=True)
-        if lay.mixed == 0:
-            return max(tokens / (lay.prefill * cap.prefill_tok_s), decode_s(lay.decode))
-        if lay.decode == 0:  # p prefill + m mixed: shift prefill to where it finishes soonest
-            base = decode_s(lay.mixed)
-            per_tok = cap.step[3] / lay.mixed  # seconds a mixed engine loses per prefill token
-            x = (base + per_tok * tokens) / (1.0 / (lay.prefill * cap.prefill_tok_s) + per_tok)
-            x = min(max(x, 0.0), tokens)
-            return max(x / (lay.prefill * cap.prefill_tok_s), base + per_tok * (tokens - x))
-        return INF  # prefill + decode + mixed: not searched
+        if not m:
+            return max(prefill_side(tokens), decode_s)
+        if not p:
+            return mixed_side(tokens)
+        lo, hi = 0.0, tokens  # prefill side grows with x, mixed side shrinks: meet in the middle
+        for _ in range(24):
+            x = 0.5 * (lo + hi)
+            if prefill_side(x) < mixed_side(tokens - x):
+                lo = x
+            else:
+                hi = x
+        x = 0.5 * (lo + hi)
+        worst = max(prefill_side(x), mixed_side(tokens - x))
+        return max(worst, decode_s) if dec else worst
 
     def prefill_tokens(self, d: Demand, holders: int, split: bool) -> float:
         """Prefill the engines will really do: the forecast deltas, plus, on a prefill engine,
-        the last response it never saw, plus full recompute for the share of live contexts
-        that cannot stay cached on the `holders` engines' KV."""
+        the last response it never saw (`split`, unless its KV is pushed back), plus full
+        recompute for the share of live contexts that cannot stay cached on the `holders`
+        engines' KV."""
         need = d.live * d.mean_context
         miss = max(0.0, 1.0 - holders * self.capacity.kv_tokens / need) if need > 0 else 0.0
-        extra = d.turns * d.mean_response if split else 0.0
+        extra = d.turns * d.mean_response if split and not self.config.response_kv_pushed else 0.0
         return d.prefill_tokens + extra + d.turns * miss * d.mean_context
 
-    def candidates(self, n: int) -> list[Layout]:
-        out = [Layout(0, 0, n)]
-        for p in range(1, n):
-            out += [Layout(p, n - p, 0), Layout(p, 0, n - p)]
-        return out
+    def candidates(self, n: int, include: Layout | None = None) -> list[Layout]:
+        """Whole layouts: p prefill, d decode, the rest mixed, on a grid (and `include`)."""
+        g = max(1, n // max(self.config.grid, 1))
+        counts = sorted(set(range(0, n + 1, g)) | {n})
+        out = {Layout(p, dd, n - p - dd) for p in counts for dd in counts if p + dd <= n}
+        if include is not None:
+            out.add(include)
+        return sorted(out, key=lambda lay: (lay.prefill, lay.decode))
 
     def plan(self, d: Demand) -> tuple[Layout, float]:
         n = sum(1 for s in self.engines.values() if s.state is not EngineState.dead)
         return min(((lay, self.estimate(lay, d)) for lay in self.candidates(n)),
-                   key=lambda x: (x[1], x[0].mixed == 0, x[0].prefill))
+                   key=lambda x: (x[1], x[0].mixed != n, x[0].prefill))
 
     # --- deciding ----------------------------------------------------------------------
     def allocate(self, d: Demand, drain_s: Mapping[str, float], now: float) -> list[Move]:
@@ -241,14 +197,16 @@ class Allocator:
             n_moves = sum(v for v in surplus.values() if v > 0)
             if n_moves == 0 or n_moves > budget or any(len(pools[r]) < v for r, v in surplus.items()):
                 continue
+            new_s = self.estimate(lay, d)
+            if new_s == INF or new_s >= cur_s:
+                continue
             gives = [(c, e, r) for r in Role if surplus[r] > 0 for c, e in pools[r][: surplus[r]]]
             if not self._keeps_serving({e for _, e, _ in gives}):
                 continue
-            cost = sum(c + cfg.switch_s for c, _, _ in gives) / n
-            gain = cur_s - self.estimate(lay, d)
-            if gain == INF:
-                gain = 1e9  # anything beats a layout that cannot serve the demand
-            if gain > (1.0 + cfg.margin) * cost and gain >= cfg.min_gain * min(cur_s, 1e9):
+            cost = sum(c + cfg.switch_s for c, _, _ in gives)  # engine-seconds lost to draining and flipping
+            share = 1.0 - new_s / cur_s if cur_s < INF else 1.0  # throughput share the new layout wins
+            gain = share * n * cfg.payback_s  # engine-seconds won over the payback window
+            if gain > (1.0 + cfg.margin) * cost and share >= cfg.min_gain:
                 net = gain - cost
                 if best is None or net > best[0]:
                     wants = [r for r in Role for _ in range(max(-surplus[r], 0))]

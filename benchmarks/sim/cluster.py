@@ -13,7 +13,18 @@ same one if it is mixed; otherwise the KV not already there is transferred, at
 
 Policies: `Policy.colocated()` (every engine mixed, never moves), `Policy.static(p)` (p prefill
 engines, the rest decode, never moves), `Policy.guided()` (starts all mixed; every `control_s`
-the forecaster and allocator may move engines, draining them first).
+the forecaster and allocator may move engines, draining them first; the allocator's `Capacity`
+starts from a vague prior and is fitted to the simulated engines' steps, as the live service
+fits it to vLLM's), `Policy.guided(perfect=True)` (the same, with the true demand of the next
+horizon instead of the forecast), `Policy.oracle()` (true demand and the true cost model).
+
+KV across turns and role switches, in simulated time:
+- `kv_push` (default on): when a turn decoded on another engine than the one that prefilled it,
+  the decode engine pushes the response's KV back to the prefill engine (`ClusterCost.
+  transfer_time`), so the next turn prefills only the new observation, as colocation does. Off,
+  a split turn recomputes the previous response on the prefill engine.
+- a drained engine takes its new role `ClusterCost.switch_s` later (graph capture), with its
+  prefix cache flushed if `ClusterCost.flush_on_switch`.
 
 Modes: `sync` runs `rounds` batches of per_gpu·N trajectories with a barrier between them;
 `async` keeps per_gpu·N in flight and refills as each ends, rounds·per_gpu·N in all.
@@ -31,8 +42,8 @@ from benchmarks.sim.cost import DEFAULT, PRESETS, ClusterCost
 from benchmarks.sim.gpu import SimGPU
 from benchmarks.sim.workload import Episode, Workload
 from scheduler.allocator import Allocator, AllocatorConfig, Capacity, Layout
-from scheduler.forecast import ForecastError, Forecaster
-from scheduler.lifecycle import Lifecycle
+from scheduler.forecast import Demand, ForecastError, Forecaster
+from scheduler.lifecycle import Lifecycle, Phase
 from scheduler.roles import EngineState
 from scheduler.router import NoEngine, RoleAware
 
@@ -41,6 +52,8 @@ from scheduler.router import NoEngine, RoleAware
 class Policy:
     name: str
     prefill: int | None = None  # fixed: this many prefill engines, the rest decode (0: all mixed)
+    perfect: bool = False  # guided: the true demand of the next horizon instead of the forecast
+    true_cost: bool = False  # guided: the allocator gets the true cost model instead of measuring
 
     @staticmethod
     def colocated() -> "Policy":
@@ -51,8 +64,12 @@ class Policy:
         return Policy(f"static-{prefill}P", prefill)
 
     @staticmethod
-    def guided() -> "Policy":
-        return Policy("guided")
+    def guided(perfect: bool = False) -> "Policy":
+        return Policy("guided-perfect" if perfect else "guided", perfect=perfect)
+
+    @staticmethod
+    def oracle() -> "Policy":
+        return Policy("oracle", perfect=True, true_cost=True)
 
 
 @dataclass(slots=True)
@@ -65,12 +82,13 @@ class Result:
     trajectories: int
     turns: int
     prefill_tokens: int  # what engines actually prefilled (recompute included)
-    transferred_tokens: int
+    transferred_tokens: int  # KV moved prefill -> decode
     moves: int
     utilization: float  # busy GPU-seconds / (GPUs · makespan)
     events: int
     forecast: ForecastError | None = None
     layouts: list = field(default_factory=list)  # (t, prefill, decode, mixed) after each move
+    pushed_tokens: int = 0  # response KV pushed decode -> prefill (kv_push)
 
 
 @dataclass(slots=True)
@@ -79,6 +97,9 @@ class _Traj:
     turn: int = 0
     context: int = 0
     engines: dict = field(default_factory=dict)  # engines that cache it (insertion-ordered set)
+    prefill_on: str | None = None  # the engine that prefilled its current turn
+    decode_on: str | None = None
+    tool_end: float = 0.0  # when its environment step returns
 
 
 class _Loads(Mapping):
@@ -103,7 +124,7 @@ class _Loads(Mapping):
 class Cluster:
     def __init__(self, workload: Workload, gpus: int, policy: Policy, mode: str = "sync", seed: int = 0,
                  cost: ClusterCost | None = None, control_s: float = 5.0, horizon_s: float = 15.0,
-                 config: AllocatorConfig | None = None):
+                 config: AllocatorConfig | None = None, kv_push: bool = True):
         if mode not in ("sync", "async"):
             raise ValueError(f"mode must be sync or async, not {mode!r}")
         self.workload, self.policy, self.mode, self.seed = workload, policy, mode, seed
@@ -111,9 +132,16 @@ class Cluster:
         self.control_s = control_s
         self.loop = EventLoop()
         self.guided = policy.prefill is None
+        self.kv_push = kv_push
+        self.horizon_s = horizon_s
         c = self.cost
-        self.capacity = Capacity(prefill_tok_s=c.prefill_tokens_per_s, step=c.prior(), kv_tokens=c.kv_capacity_tokens)
-        measure = self._measure if self.guided else None
+        if policy.true_cost:
+            self.capacity = Capacity(prefill_tok_s=c.prefill_tokens_per_s, step=c.prior(), kv_tokens=c.kv_capacity_tokens,
+                                     chunk_tokens=c.step_tokens)
+        else:  # a vague prior (Capacity's defaults); the engine's memory and step budget are configuration
+            self.capacity = Capacity(kv_tokens=c.kv_capacity_tokens, chunk_tokens=c.step_tokens)
+        config = config or AllocatorConfig(switch_s=c.switch_s, response_kv_pushed=kv_push)
+        measure = self._measure if self.guided and not policy.true_cost else None
         self._measured = 0
         self.gpus = {f"g{i:03d}": SimGPU(f"g{i:03d}", c, self.loop, self._prefilled, self._decoded, measure)
                      for i in range(gpus)}
@@ -126,7 +154,8 @@ class Cluster:
         self.trajs: dict[str, _Traj] = {}
         self.in_flight = workload.per_gpu * gpus
         self.total = workload.rounds * self.in_flight
-        self.submitted = self.done = self.turns = self.transferred = 0
+        self.submitted = self.done = self.turns = self.transferred = self.pushed = 0
+        self._flipping: set[str] = set()
         self.pending: list[tuple[str, str, str | None]] = []  # (what, trajectory, prefill engine) awaiting a role
         self.layouts: list[tuple[float, int, int, int]] = []
 
@@ -146,7 +175,7 @@ class Cluster:
         return Result(self.workload.name, self.mode, len(self.gpus), self.policy.name, end, self.done, self.turns,
                       sum(g.prefilled_tokens for g in self.gpus.values()), self.transferred,
                       len(self.allocator.history), busy / (len(self.gpus) * end) if end else 0.0, self.loop.events,
-                      self.forecaster.error(end, final=True) if self.guided else None, self.layouts)
+                      self.forecaster.error(end, final=True) if self.guided else None, self.layouts, self.pushed)
 
     def _progress(self) -> float:
         if self.mode == "sync":
@@ -183,6 +212,7 @@ class Cluster:
             return
         gpu = self.gpus[eid]
         tr.engines[eid] = None
+        tr.prefill_on = eid
         hit = min(gpu.hit(tid), tr.context - 1)
         gpu.add_prefill(tid, tr.context - hit, hit)
 
@@ -215,6 +245,7 @@ class Cluster:
     def _join_decode(self, arg: tuple[str, str]) -> None:
         tid, eid = arg
         tr = self.trajs[tid]
+        tr.decode_on = eid
         self.lifecycle.on_decode(tid)
         self.gpus[eid].add_decode(tid, tr.context, tr.ep.turns[tr.turn].response)
 
@@ -224,8 +255,25 @@ class Cluster:
         tr.context += spec.response
         self.turns += 1
         self.lifecycle.on_tool(tid, spec.response, tool=tr.ep.tool)
+        tr.tool_end = self.loop.now + spec.latency_s
         self.loop.after(spec.latency_s, self._stepped, tid)
+        if self.kv_push and tr.prefill_on not in (None, gpu.id) and tr.turn + 1 < len(tr.ep.turns):
+            self._push(tid, tr.prefill_on)
         self._check_drained(gpu)
+
+    def _push(self, tid: str, eid: str) -> None:
+        """The decode engine sends the response's KV back to the engine that prefilled the turn."""
+        tr = self.trajs[tid]
+        missing = tr.context - self.gpus[eid].hit(tid)
+        if missing > 0:
+            self.pushed += missing
+            self.loop.after(self.cost.transfer_time(missing), self._pushed, (tid, eid, tr.context))
+
+    def _pushed(self, arg: tuple[str, str, int]) -> None:
+        tid, eid, ctx = arg
+        gpu = self.gpus[eid]
+        if tid in self.trajs and gpu.hit(tid) < ctx:  # still live, and not prefilled there meanwhile
+            gpu.touch(tid, ctx)
 
     def _stepped(self, tid: str) -> None:
         tr = self.trajs[tid]
@@ -259,7 +307,9 @@ class Cluster:
 
     def _control(self, _=None) -> None:
         now = self.loop.now
-        demand = self.forecaster.forecast(self.lifecycle.live(), now)
+        demand = self.forecaster.forecast(self.lifecycle.live(), now)  # scored even when not used
+        if self.policy.perfect:
+            demand = self._true_demand(now, self.horizon_s)
         drain = {e: g.drain_s() for e, g in self.gpus.items()}
         moves = self.allocator.allocate(demand, drain, now)
         if moves:
@@ -270,12 +320,57 @@ class Cluster:
                 self._check_drained(self.gpus[m.engine])
         self.loop.after(self.control_s, self._control)
 
+    def _true_demand(self, now: float, h: float) -> Demand:
+        """What the engines will really be asked for within `h` (the episodes are known here):
+        the backlog, and every turn whose environment step returns within the horizon, timed
+        with the decode engines' current step times. Same shape as `Forecaster.forecast`."""
+        taus = [g._tau for g in self.gpus.values() if g._seqs]
+        tau = sum(taus) / len(taus) if taus else self.cost.decode_step_s
+        p = dtok = seqs = ctx = turns = resp = 0.0
+        n = 0
+        for t in self.lifecycle.live():
+            tr = self.trajs[t.id]
+            n += 1
+            ctx += t.context_tokens
+            resp += t.last_response
+            spec = tr.ep.turns
+            if t.phase is Phase.tool:
+                at = tr.tool_end - now
+            else:
+                seqs += 1
+                if t.phase is Phase.decoding:
+                    left, step = self.gpus[tr.decode_on].remaining(t.id)
+                else:
+                    p += t.pending_prefill
+                    turns += 1
+                    left, step = spec[tr.turn].response, tau
+                dtok += left
+                at = left * step + spec[tr.turn].latency_s
+            turn = tr.turn
+            while at < h and turn + 1 < len(spec):
+                if turn == tr.turn and t.phase is Phase.tool:
+                    seqs += 1
+                p += spec[turn].observation
+                dtok += spec[turn + 1].response
+                turns += 1
+                turn += 1
+                at += spec[turn].response * tau + spec[turn].latency_s
+        return Demand(h, p, dtok, seqs, ctx / n if n else 0.0, turns=turns, live=n, mean_response=resp / n if n else 0.0)
+
     def _check_drained(self, gpu: SimGPU) -> None:
         st = self.allocator.engines[gpu.id]
-        if st.state is EngineState.draining and gpu.empty():
-            self.allocator.drained(gpu.id, self.loop.now)
-            self.router.set_roles(self.allocator.roles())
-            self._retry()
+        if st.state is EngineState.draining and gpu.empty() and gpu.id not in self._flipping:
+            self._flipping.add(gpu.id)
+            self.loop.after(self.cost.switch_s, self._flipped, gpu.id)
+
+    def _flipped(self, eid: str) -> None:
+        """Drained, and the flip (graph capture) is done: the engine serves its new role."""
+        self._flipping.discard(eid)
+        if self.cost.flush_on_switch:
+            self.gpus[eid].flush()
+        self.allocator.drained(eid, self.loop.now)
+        self.router.set_roles(self.allocator.roles())
+        self._retry()
 
     def _retry(self) -> None:
         waiting, self.pending = self.pending, []

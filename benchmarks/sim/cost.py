@@ -161,6 +161,13 @@ class ClusterCost:
     allreduce: AllReduce = field(default_factory=AllReduce)
     alltoall: AllToAll = field(default_factory=AllToAll)
     prefill_overhead_s: float = 0.0  # per request; graph-replayed steps have none
+    dp_balanced: bool = True  # a balancing dispatcher spreads a DP group's decodes evenly; False: at random
+    # Role switch, in simulated time, after the drain: re-capturing CUDA graphs for the new role's
+    # batch shapes. Assumed, not measured here: vLLM logs "Graph capturing finished in 5-20 secs" for
+    # 8B-70B models at default capture sizes; 10 s is the middle. A kv_both engine that only changes
+    # routing needs none (set 0).
+    switch_s: float = 10.0
+    flush_on_switch: bool = True  # the flipped engine starts with an empty prefix cache (a restart does)
     legacy: Linear | None = None  # the old model, for the `legacy` preset only
     _rank: Shape = field(init=False, repr=False)
     _lin: dict = field(init=False, repr=False, default_factory=dict)
@@ -243,24 +250,29 @@ class ClusterCost:
         return self.legacy.step_s if self.legacy is not None else self.step_time(1, 1000.0)
 
     def prior(self) -> list[float]:
-        """The allocator's linear step model (base, per sequence, per context token, per chunk
-        token), read off this cost model around a typical step (64 sequences of 2k tokens)."""
+        """The true cost model as the allocator's linear step model (base, per sequence, per context
+        token, per chunk token, per chunk-carrying step), read off around a typical step (64
+        sequences of 2k tokens; chunks of a quarter budget and a full step budget). Only the
+        hindsight oracle gets it; guided allocation measures its own (`scheduler.capacity`)."""
         if self.legacy is not None:
             lg = self.legacy
-            return [lg.step_s, lg.per_seq_s, lg.per_ctx_s, 1.0 / lg.prefill_tok_s]
-        b, c, k = 64, 64 * 2048.0, 512
+            return [lg.step_s, lg.per_seq_s, lg.per_ctx_s, 1.0 / lg.prefill_tok_s, 0.0]
+        b, c = 64, 64 * 2048.0
+        lo, hi = self.prefill_chunk_tokens // 4, self.step_tokens
         base = self.step_time(1, 0.0)
         per_seq = (self.step_time(b, 0.0) - base) / (b - 1)
         per_ctx = (self.step_time(b, c) - self.step_time(b, 0.0)) / c
-        per_chunk = (self.step_time(b, c, k) - self.step_time(b, c)) / k
-        return [base, max(per_seq, 0.0), max(per_ctx, 0.0), max(per_chunk, 0.0)]
+        per_chunk = (self.step_time(b, c, hi) - self.step_time(b, c, lo)) / (hi - lo)
+        per_step = self.step_time(b, c, lo) - self.step_time(b, c) - per_chunk * lo
+        return [base, max(per_seq, 0.0), max(per_ctx, 0.0), max(per_chunk, 0.0), max(per_step, 0.0)]
 
     def describe(self) -> dict:
         """What the benchmark's JSON records about this cost model."""
         if self.legacy is not None:
             return {"preset": "legacy", **dataclasses.asdict(self.legacy)}
         return {"model": self.shape.row(), "gpu": self.gpu.name, "gpu_source": self.gpu.source, "tp": self.tp,
-                "dp": self.dp, "moe": self.moe is not None, "prefill_chunk_tokens": self.prefill_chunk_tokens,
+                "dp": self.dp, "dp_balanced": self.dp_balanced, "switch_s": self.switch_s,
+                "flush_on_switch": self.flush_on_switch, "moe": self.moe is not None, "prefill_chunk_tokens": self.prefill_chunk_tokens,
                 "kv_capacity_tokens": self.kv_capacity_tokens, "link": dataclasses.asdict(self.link),
                 "allreduce": dataclasses.asdict(self.allreduce)}
 
@@ -286,12 +298,23 @@ class ClusterCost:
             self._lin[key] = t
         return t
 
+    def busiest_rank(self, batch: int) -> int:
+        """Decodes on a DP group's busiest rank. Balanced: ⌈B/G⌉. At random (no balancing dispatcher):
+        the expected maximum of B requests thrown into G bins, B/G + √(2·(B/G)·ln G) (Raab & Steger,
+        "Balls into bins", 1998, for B ≥ G·ln G), and never more than B."""
+        if not batch:
+            return 0
+        mean = batch / self.dp
+        if self.dp_balanced or self.dp == 1:
+            return math.ceil(mean)
+        return min(batch, math.ceil(mean + math.sqrt(2 * mean * math.log(self.dp))))
+
     def _group_step(self, batch: int, context: float, k: int, prefix: float) -> float:
         """A DP-attention group: decodes spread evenly over the ranks, prefill chunks of up to the
         budget on as many ranks as they fill; every rank waits for the slowest at each layer's
         all-to-all, so the step is that rank's attention side + the experts + the all-to-alls."""
         g, s, moe = self.gpu, self._rank, self.moe
-        b = math.ceil(batch / self.dp) if batch else 0
+        b = self.busiest_rank(batch)
         ctx = context / batch if batch else 0.0
         kr = min(k, self.prefill_chunk_tokens)  # the slowest rank's chunk
         slowest = self._linear(b, kr) + s.layers * (g.decode_attn_s(s, b, ctx) + g.prefill_attn_s(s, kr, prefix))

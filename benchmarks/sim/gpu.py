@@ -47,6 +47,7 @@ class SimGPU:
         self._pf_rate = 0.0
         self._heap: list[tuple[float, int, str]] = []  # (finish V, seq, trajectory)
         self._seqs: dict[str, tuple[float, int]] = {}  # trajectory -> (V at join, context at join)
+        self._finish: dict[str, float] = {}  # trajectory -> V at which it finishes
         self._s = 0.0  # Σ(context at join − V at join): context now = _s + B·V
         self._n = 0
         self._prefill: deque[list] = deque()  # [trajectory, tokens left, context when done]
@@ -97,6 +98,19 @@ class SimGPU:
     def forget(self, tid: str) -> None:
         self._cache_total -= self._cache.pop(tid, 0)
 
+    def flush(self) -> None:
+        """Drop the prefix cache (a role switch that restarts the engine)."""
+        self._cache.clear()
+        self._cache_total = 0
+
+    def remaining(self, tid: str) -> tuple[float, float]:
+        """(tokens the trajectory still has to decode here, seconds a step takes now)."""
+        self._advance()
+        f = self._finish.get(tid)
+        if f is None:
+            return 0.0, self.cost.decode_step_s
+        return max(f - self._v, 0.0), max(self._tau, self.cost.decode_step_s)
+
     # --- the prefix cache -------------------------------------------------------------
     def hit(self, tid: str) -> int:
         """Tokens of the trajectory's context cached here (0 if evicted or never seen)."""
@@ -144,6 +158,7 @@ class SimGPU:
             self._wait_ctx -= ctx
             self._n += 1
             heapq.heappush(self._heap, (self._v + n, self._n, tid))
+            self._finish[tid] = self._v + n
             self._seqs[tid] = (self._v, ctx)
             self._s += ctx - self._v
 
@@ -161,8 +176,8 @@ class SimGPU:
                 self._tau = tau
         elif b:
             self._tau = c.step_time(b, ctx)
-        if b and self._measure is not None:
-            self._measure(b, ctx, k, self._tau)
+        if self._measure is not None and (b or k):
+            self._measure(b, ctx, k, self._tau if b else k / self._pf_rate)
         self._version += 1
         nxt = []
         if b:
@@ -180,6 +195,7 @@ class SimGPU:
         while self._heap and self._heap[0][0] <= self._v + _EPS:
             _, _, tid = heapq.heappop(self._heap)
             v0, ctx = self._seqs.pop(tid)
+            del self._finish[tid]
             self._s -= ctx - v0
             self.touch(tid, ctx + round(self._v - v0))
             decoded.append(tid)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -123,3 +125,15 @@ def test_legacy_preset_keeps_the_old_overlapping_model():
     old = PRESETS["legacy"]()
     assert old.step_time(10, 1000, 2048) == pytest.approx(10 * 1e-4 + max(0.010 + 4e-8 * 1000, 2048 / 20_000))
     assert old.transfer_time(1000) == pytest.approx(0.002 + 1000 * 5e-6)
+
+
+def test_without_a_balancing_dispatcher_the_busiest_dp_rank_sets_the_step():
+    balanced = PRESETS["qwen3-30b-a3b-dp8ep8"]()
+    random = dataclasses.replace(balanced, dp_balanced=False)
+    assert balanced.busiest_rank(256) == 32
+    assert random.busiest_rank(256) == 32 + math.ceil(math.sqrt(2 * 32 * math.log(8)))  # balls into bins
+    assert random.busiest_rank(3) <= 3 and random.busiest_rank(0) == 0
+    decode = balanced.step_time(256, 256 * 2048)
+    assert random.step_time(256, 256 * 2048) > 1.05 * decode  # every rank waits for the fullest one
+    dense = ClusterCost.dense(LLAMA3_8B, 1)
+    assert dataclasses.replace(dense, dp_balanced=False).step_time(64, 64 * 2048) == dense.step_time(64, 64 * 2048)

@@ -14,6 +14,7 @@ from benchmarks.sim.workload import WORKLOADS, Workload
 from scheduler.allocator import Allocator
 from scheduler.forecast import Forecaster
 from scheduler.lifecycle import Lifecycle
+from scheduler.roles import Role
 from scheduler.router import RoleAware
 
 
@@ -43,8 +44,7 @@ def test_every_turn_of_every_episode_runs(policy):
     if policy.name == "colocated":
         assert r.transferred_tokens == 0  # decode stays where it was prefilled
     if policy.name.startswith("static"):
-        assert r.transferred_tokens > 0 and r.prefill_tokens > Cluster(wl, 4, Policy.colocated(), "async",
-                                                                        seed=1).run().prefill_tokens
+        assert r.transferred_tokens > 0 and r.pushed_tokens > 0
 
 
 def test_the_simulator_drives_the_real_scheduler_classes():
@@ -91,3 +91,38 @@ def test_kv_capacity_makes_decodes_wait_and_evicts_idle_prefixes():
     assert [t for t, _ in finished] == ["a", "b"] and finished[1][1] > 1.9 * finished[0][1]
     gpu.touch("c", 9_000)  # a new prefix pushes the idle ones out
     assert gpu.hit("a") == 0 and gpu.hit("b") == 0 and gpu.hit("c") == 9_000
+
+
+# --- KV across turns and role switches ----------------------------------------------------------
+def test_pushing_the_response_kv_back_removes_the_recompute_on_split_turns():
+    wl = small("coding")
+    colo = Cluster(wl, 4, Policy.colocated(), "async", seed=1).run()
+    push = Cluster(wl, 4, Policy.static(1), "async", seed=1).run()
+    recompute = Cluster(wl, 4, Policy.static(1), "async", seed=1, kv_push=False).run()
+    assert recompute.pushed_tokens == 0 and push.pushed_tokens > 0
+    # without the push a split turn prefills the previous response again; with it, only the observation
+    assert recompute.prefill_tokens - colo.prefill_tokens >= 0.9 * push.pushed_tokens
+    assert push.prefill_tokens == colo.prefill_tokens
+    assert push.makespan_s < recompute.makespan_s
+
+
+def _one_switch(switch_s: float, flush: bool):
+    """Two engines; engine g000 is moved from mixed to prefill at t = 0 with a cached prefix."""
+    cost = dataclasses.replace(PRESETS[DEFAULT](), switch_s=switch_s, flush_on_switch=flush)
+    c = Cluster(small("coding", per_gpu=1, rounds=1), 2, Policy.colocated(), "async", cost=cost)
+    gpu = c.gpus["g000"]
+    gpu.touch("old", 5_000)
+    c.allocator.engines["g000"].drain(Role.prefill, 0.0)
+    c.router.set_roles(c.allocator.roles())
+    c._check_drained(gpu)
+    c.loop.run()
+    return c, gpu
+
+
+def test_a_role_switch_takes_the_flip_time_and_flushes_the_prefix_cache():
+    c, gpu = _one_switch(switch_s=10.0, flush=True)
+    st = c.allocator.engines["g000"]
+    assert st.role is Role.prefill and st.since == pytest.approx(10.0)  # drained at once, then 10 s of flip
+    assert gpu.hit("old") == 0
+    c, gpu = _one_switch(switch_s=0.0, flush=False)
+    assert c.allocator.engines["g000"].since == 0.0 and gpu.hit("old") == 5_000

@@ -1,0 +1,106 @@
+"""How fast the engines are, as measured: a linear step model fitted to observed engine steps.
+
+    step seconds ≈ base + per_seq·B + per_ctx·C + per_chunk·K + per_chunk_step·[K > 0]
+
+for a step running B decoding sequences that hold C context tokens in all, beside K prefill
+tokens. The last term is what a step pays for carrying any prefill at all: on a data-parallel
+attention group it is the barrier stall (one rank's chunk holds every rank), on one GPU it is
+about zero. A prefill-only engine's rate follows from the same fit at the engine's step budget
+(`chunk_tokens`, vLLM's `max_num_batched_tokens`: configuration, not speed).
+
+Whoever sees steps calls `observe_step`: the simulator for every simulated engine step, the
+live service from vLLM's per-step timings. The fit is ridge regression toward the prior, so the
+first few samples cannot swing it and a vague prior is soon forgotten (`ridge` pseudo-samples).
+
+    cap = Capacity(chunk_tokens=2048)
+    cap.observe_step(batch=64, ctx_tokens=131_072, prefill_tokens=512, seconds=0.031)
+    cap.step_s(64, 2048, 512), cap.prefill_rate()
+
+Non-goals: choosing roles (`scheduler.allocator`), reading metrics (the caller feeds it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+FEATURES = 5
+_SCALE = (1.0, 100.0, 1e5, 1e3, 1.0)  # features scaled to similar magnitude so the ridge treats them alike
+
+
+@dataclass(slots=True)
+class Capacity:
+    """Measured engine speed, starting from a prior and refined by observations."""
+
+    prefill_tok_s: float = 20_000.0  # prior; replaced by the fit once a step with a chunk is seen
+    step: list = field(default_factory=lambda: [0.010, 1e-4, 4e-8, 5e-5, 0.0])
+    kv_tokens: float = 400_000.0
+    chunk_tokens: int = 2048  # the engine's per-step prefill budget (vLLM max_num_batched_tokens)
+    ridge: float = 50.0  # weight of the prior, in pseudo-samples
+    refit_every: int = 64
+    _xtx: list = field(default_factory=list)
+    _xty: list = field(default_factory=list)
+    _prior: list = field(default_factory=list)
+    _n: int = 0
+    _chunks: int = 0  # observed steps that carried prefill
+
+    def __post_init__(self) -> None:
+        self.step = (list(self.step) + [0.0] * FEATURES)[:FEATURES]  # a 4-term prior has no per-chunk-step cost
+        self._prior = list(self.step)
+        self._xtx = [[0.0] * FEATURES for _ in range(FEATURES)]
+        self._xty = [0.0] * FEATURES
+
+    @property
+    def samples(self) -> int:
+        return self._n
+
+    def step_s(self, batch: float, ctx_per_seq: float, prefill_tokens: float = 0.0) -> float:
+        b, s, c, k, m = self.step
+        return b + s * batch + c * batch * ctx_per_seq + k * prefill_tokens + (m if prefill_tokens > 0 else 0.0)
+
+    def prefill_rate(self) -> float:
+        """Tokens a second of a prefill-only engine running full chunks."""
+        if not self._chunks:
+            return self.prefill_tok_s
+        return self.chunk_tokens / max(self.step_s(0, 0.0, self.chunk_tokens), 1e-9)
+
+    def observe_prefill(self, tokens: float, seconds: float) -> None:
+        """A prefill timed end to end (live: a turn's time to first token with nothing decoding)."""
+        if seconds > 0 and tokens > 0:
+            self.prefill_tok_s += 0.05 * (tokens / seconds - self.prefill_tok_s)
+
+    def observe_step(self, batch: float, ctx_tokens: float, prefill_tokens: float, seconds: float) -> None:
+        x = (1.0, batch / 100.0, ctx_tokens / 1e5, prefill_tokens / 1e3, 1.0 if prefill_tokens > 0 else 0.0)
+        for r in range(FEATURES):
+            self._xty[r] += x[r] * seconds
+            for c in range(FEATURES):
+                self._xtx[r][c] += x[r] * x[c]
+        self._n += 1
+        self._chunks += prefill_tokens > 0
+        if self._n % self.refit_every == 0:
+            self._refit()
+
+    def _refit(self) -> None:
+        a = [[self._xtx[r][c] + (self.ridge if r == c else 0.0) for c in range(FEATURES)] for r in range(FEATURES)]
+        y = [self._xty[r] + self.ridge * self._prior[r] * _SCALE[r] for r in range(FEATURES)]
+        theta = _solve(a, y)
+        if theta is not None:
+            self.step = [max(t / s, 0.0) for t, s in zip(theta, _SCALE)]
+
+
+def _solve(a: list[list[float]], y: list[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting (5x5: not worth a dependency)."""
+    n = len(y)
+    m = [row[:] + [y[i]] for i, row in enumerate(a)]
+    for col in range(n):
+        piv = max(range(col, n), key=lambda r: abs(m[r][col]))
+        if abs(m[piv][col]) < 1e-12:
+            return None
+        m[col], m[piv] = m[piv], m[col]
+        for r in range(col + 1, n):
+            f = m[r][col] / m[col][col]
+            for c in range(col, n + 1):
+                m[r][c] -= f * m[col][c]
+    out = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        out[r] = (m[r][n] - sum(m[r][c] * out[c] for c in range(r + 1, n))) / m[r][r]
+    return out
