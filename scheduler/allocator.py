@@ -12,14 +12,14 @@ model fitted to the engines' own step timings):
     mixed   : its decode steps, plus what its share of prefill adds to them — per prefill token
               and per step that carries a chunk (the measured stall of a mixed step: on a
               data-parallel attention group one rank's chunk holds every rank)
-    layout  : the slowest kind; prefill is shared between prefill and mixed engines so that both
-              finish together
+    layout  : the slowest kind; prefill is shared between prefill and mixed engines evenly per
+              engine (the router's least-loaded pick does no better)
 
 `allocate(demand, drain_s, now)` moves toward the best layout only when it pays:
 - the gain (the share of throughput the new layout wins, held for `payback_s`, in engine-
   seconds) must beat the real cost of the move — each moved engine's drain time plus the flip
   (`switch_s`: graph capture and a flushed prefix cache) — by `margin`, and be at least
-  `min_gain` of the current estimate;
+  `min_gain` of the current estimate, in `confirm` decisions in a row;
 - any number of engines may move in one decision (`max_moves`, a share of the cluster: 1.0 by
   default) when the forecast says so; an engine that moved less than `dwell_s` ago stays, and
   nothing new moves while an engine is still draining (hysteresis: no flapping);
@@ -58,12 +58,19 @@ class Layout:
 class AllocatorConfig:
     switch_s: float = 1.0  # flip cost beyond the drain: a routing change on kv_both vLLM; graph capture if re-launched
     margin: float = 0.25  # gain must beat cost by this fraction
-    min_gain: float = 0.05  # ... and be at least this share of the current estimate
+    # ... and win at least this share of throughput: above the estimate's error against the
+    # simulator (≈5-10% on dense models, where a split gains nothing), below the DP-attention gains
+    min_gain: float = 0.10
+    confirm: int = 2  # the same target must win this many decisions in a row (a burst is not a trend)
     dwell_s: float = 30.0  # an engine keeps a new role at least this long
     max_moves: float = 1.0  # share of the cluster that may move per decision (at least one engine)
     payback_s: float = 60.0  # a new layout is credited with its gain over this long (RL phases last minutes)
     response_kv_pushed: bool = False  # the decode engine pushes the response KV back: no recompute on split turns
     grid: int = 16  # layouts searched: p and d in steps of max(1, n // grid), plus the current one
+    # Roles are routing only (kv_both engines): a move to decode or mixed takes effect at once (in-
+    # flight work finishes where it is); a move to prefill still drains the engine's decodes first,
+    # or they would crawl at the prefill engine's step pace.
+    routing_only: bool = False
 
 
 @dataclass(slots=True)
@@ -88,6 +95,8 @@ class Allocator:
         for e, r in zip(ids, roles):
             self.engines[e].ready(now, r)
         self.history: list[tuple[float, Move]] = []
+        self._pending: tuple[tuple, int] | None = None  # the winning moves and how many decisions in a row
+        self._heading: Layout | None = None  # the target of a move made in two steps
 
     # --- reading -----------------------------------------------------------------------
     def roles(self) -> dict[str, Role]:
@@ -132,25 +141,25 @@ class Allocator:
             if not m:
                 return 0.0
             per = y / m
-            turns = d.turns * (y / tokens if tokens else 0.0) / m
+            if per <= 0:
+                return decode_s
+            turns = d.turns * (y / tokens) / m
             n_steps = steps * waves if d.decode_tokens > 0 else 0.0
-            chunk_steps = max(per / cap.chunk_tokens, min(turns, n_steps)) if per > 0 else 0.0
-            base, _, _, per_tok, per_chunk_step = cap.step
-            return (decode_s + chunk_steps * per_chunk_step + per_tok * per
-                    + max(chunk_steps - n_steps, 0.0) * base)
+            # each turn's prefill rides at least one step; a step carries at most the budget
+            chunk_steps = max(per / cap.chunk_tokens, min(turns, n_steps), 1e-9)
+            k = per / chunk_steps
+            bb = min(b, fit)
+            stall = cap.step_s(bb, ctx, k) - cap.step_s(bb, ctx, 0.0)
+            return decode_s + chunk_steps * stall + max(chunk_steps - n_steps, 0.0) * cap.step[0]
 
         if not m:
             return max(prefill_side(tokens), decode_s)
         if not p:
             return mixed_side(tokens)
-        lo, hi = 0.0, tokens  # prefill side grows with x, mixed side shrinks: meet in the middle
-        for _ in range(24):
-            x = 0.5 * (lo + hi)
-            if prefill_side(x) < mixed_side(tokens - x):
-                lo = x
-            else:
-                hi = x
-        x = 0.5 * (lo + hi)
+        # p prefill + m mixed: the router sends each new turn to the least-loaded engine that
+        # prefills, and a mixed engine's load counts the KV it decodes from, so assume no better
+        # than an even share per engine (a balanced split is not something the router can do)
+        x = tokens * p / (p + m)
         worst = max(prefill_side(x), mixed_side(tokens - x))
         return max(worst, decode_s) if dec else worst
 
@@ -191,36 +200,72 @@ class Allocator:
         movable = [(drain_s.get(e, 0.0), e, s.role) for e, s in self.engines.items()
                    if s.state is EngineState.ready and now - s.since >= cfg.dwell_s]
         pools = {r: sorted((c, e) for c, e, role in movable if role is r) for r in Role}
-        best: tuple[float, list[Move]] | None = None
+        best: tuple[float, list[Move], Layout, int] | None = None
         for lay in self.candidates(n):
             surplus = {r: cur.count(r) - lay.count(r) for r in Role}
             n_moves = sum(v for v in surplus.values() if v > 0)
-            if n_moves == 0 or n_moves > budget or any(len(pools[r]) < v for r, v in surplus.items()):
+            if n_moves == 0 or any(len(pools[r]) < v for r, v in surplus.items()):
                 continue
             new_s = self.estimate(lay, d)
             if new_s == INF or new_s >= cur_s:
                 continue
             gives = [(c, e, r) for r in Role if surplus[r] > 0 for c, e in pools[r][: surplus[r]]]
-            if not self._keeps_serving({e for _, e, _ in gives}):
-                continue
-            cost = sum(c + cfg.switch_s for c, _, _ in gives)  # engine-seconds lost to draining and flipping
+            wants = [r for r in Role for _ in range(max(-surplus[r], 0))]
+            drains = [not cfg.routing_only or new is Role.prefill for new in wants]
+            now_moves = [True] * len(gives)
+            if not self._serves(gives, wants, drains, now_moves):
+                # toward the layout in steps: engines bound for prefill first, then as many of the rest
+                # as keep every kind of work served; the next decisions finish the move (`_heading`)
+                order = sorted(range(len(gives)), key=lambda i: (wants[i] is not Role.prefill, gives[i][0]))
+                now_moves = [False] * len(gives)
+                for i in order:
+                    now_moves[i] = True
+                    if not self._serves(gives, wants, drains, now_moves):
+                        now_moves[i] = False
+                if not any(now_moves):
+                    continue
+            if sum(now_moves) > budget:  # toward the layout, `budget` engines at a time
+                order = sorted((i for i, g in enumerate(now_moves) if g),
+                               key=lambda i: (wants[i] is not Role.prefill, gives[i][0]))
+                now_moves = [False] * len(gives)
+                for i in order[:budget]:
+                    now_moves[i] = True
+                if not self._serves(gives, wants, drains, now_moves):
+                    continue
+            # engine-seconds lost to draining and flipping
+            cost = sum((c if dr else 0.0) + cfg.switch_s for (c, _, _), dr in zip(gives, drains))
             share = 1.0 - new_s / cur_s if cur_s < INF else 1.0  # throughput share the new layout wins
             gain = share * n * cfg.payback_s  # engine-seconds won over the payback window
             if gain > (1.0 + cfg.margin) * cost and share >= cfg.min_gain:
                 net = gain - cost
                 if best is None or net > best[0]:
-                    wants = [r for r in Role for _ in range(max(-surplus[r], 0))]
-                    best = (net, [Move(e, old, new) for (_, e, old), new in zip(gives, wants)])
+                    best = (net, [Move(e, old, new) for (_, e, old), new, go in zip(gives, wants, now_moves) if go],
+                            lay, len(gives))
         if best is None:
+            self._pending = None
             return []
+        target = tuple(sorted((m.engine, m.new.value) for m in best[1]))
+        self._pending = (target, self._pending[1] + 1 if self._pending and self._pending[0] == target else 1)
+        if self._pending[1] < cfg.confirm and best[2] != self._heading:
+            return []
+        self._pending = None
+        self._heading = best[2] if len(best[1]) < best[3] else None  # a two-step move: its second step needs no confirming
         for m in best[1]:
             self.engines[m.engine].drain(m.new, now)
+            if cfg.routing_only and m.new is not Role.prefill:
+                self.engines[m.engine].ready(now)  # nothing to drain: routing changes at once
             self.history.append((now, m))
         return best[1]
 
-    def _keeps_serving(self, moving: set[str]) -> bool:
-        """While the moved engines drain, some ready engine must still prefill and one decode."""
+    def _serves(self, gives: list, wants: list[Role], drains: list[bool], go: list[bool]) -> bool:
+        moving = {e for (_, e, _), g in zip(gives, go) if g}
+        return self._keeps_serving(moving, [new for new, dr, g in zip(wants, drains, go) if g and not dr])
+
+    def _keeps_serving(self, moving: set[str], switched: list[Role] = ()) -> bool:
+        """While the moved engines drain, some ready engine must still prefill and one decode
+        (`switched`: the new roles of moved engines that take them at once)."""
         left = [s.role for e, s in self.engines.items() if s.state is EngineState.ready and e not in moving]
+        left += list(switched)
         return any(r.prefills for r in left) and any(r.decodes for r in left)
 
     def drained(self, engine_id: str, now: float) -> Role:

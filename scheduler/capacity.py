@@ -1,12 +1,16 @@
 """How fast the engines are, as measured: a linear step model fitted to observed engine steps.
 
-    step seconds ≈ base + per_seq·B + per_ctx·C + per_chunk·K + per_chunk_step·[K > 0]
+    step seconds ≈ base + per_seq·B + per_ctx·C + per_rank_tok·min(K, rank_tokens)
+                   + per_chunk_step·[K > 0] + per_tok·K
 
 for a step running B decoding sequences that hold C context tokens in all, beside K prefill
-tokens. The last term is what a step pays for carrying any prefill at all: on a data-parallel
-attention group it is the barrier stall (one rank's chunk holds every rank), on one GPU it is
-about zero. A prefill-only engine's rate follows from the same fit at the engine's step budget
-(`chunk_tokens`, vLLM's `max_num_batched_tokens`: configuration, not speed).
+tokens. On a data-parallel attention group one rank takes at most `rank_tokens` of the chunk
+and every rank waits for it at the barrier, so the first `rank_tokens` cost far more than the
+rest (which other ranks take in parallel): measured-shape cost, 8B dense, is linear in K; a
+DP8 MoE group's step grows 23 ms over the first 2,048 tokens and 11 ms over the next 14k.
+`per_chunk_step` is what a step pays for carrying any prefill at all. A prefill-only engine's
+rate follows from the same fit at the engine's step budget (`chunk_tokens`, vLLM's
+`max_num_batched_tokens` times the DP ranks: configuration, not speed)
 
 Whoever sees steps calls `observe_step`: the simulator for every simulated engine step, the
 live service from vLLM's per-step timings. The fit is ridge regression toward the prior, so the
@@ -23,18 +27,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-FEATURES = 5
-_SCALE = (1.0, 100.0, 1e5, 1e3, 1.0)  # features scaled to similar magnitude so the ridge treats them alike
+FEATURES = 6
+_SCALE = (1.0, 100.0, 1e5, 1e3, 1.0, 1e3)  # features scaled to similar magnitude so the ridge treats them alike
 
 
 @dataclass(slots=True)
 class Capacity:
     """Measured engine speed, starting from a prior and refined by observations."""
 
-    prefill_tok_s: float = 20_000.0  # prior; replaced by the fit once a step with a chunk is seen
-    step: list = field(default_factory=lambda: [0.010, 1e-4, 4e-8, 5e-5, 0.0])
+    prefill_tok_s: float | None = None  # a prior for the prefill rate until a chunk is seen; None: from `step`
+    step: list = field(default_factory=lambda: [0.010, 1e-4, 4e-8, 5e-5, 0.0, 0.0])
     kv_tokens: float = 400_000.0
     chunk_tokens: int = 2048  # the engine's per-step prefill budget (vLLM max_num_batched_tokens)
+    rank_tokens: int = 0  # one DP rank's share of it; 0: the whole budget (no DP attention)
     ridge: float = 50.0  # weight of the prior, in pseudo-samples
     refit_every: int = 64
     _xtx: list = field(default_factory=list)
@@ -44,7 +49,8 @@ class Capacity:
     _chunks: int = 0  # observed steps that carried prefill
 
     def __post_init__(self) -> None:
-        self.step = (list(self.step) + [0.0] * FEATURES)[:FEATURES]  # a 4-term prior has no per-chunk-step cost
+        self.step = (list(self.step) + [0.0] * FEATURES)[:FEATURES]  # a 4-term prior: the rest cost nothing
+        self.rank_tokens = self.rank_tokens or self.chunk_tokens
         self._prior = list(self.step)
         self._xtx = [[0.0] * FEATURES for _ in range(FEATURES)]
         self._xty = [0.0] * FEATURES
@@ -54,26 +60,33 @@ class Capacity:
         return self._n
 
     def step_s(self, batch: float, ctx_per_seq: float, prefill_tokens: float = 0.0) -> float:
-        b, s, c, k, m = self.step
-        return b + s * batch + c * batch * ctx_per_seq + k * prefill_tokens + (m if prefill_tokens > 0 else 0.0)
+        b, s, c, r, m, k = self.step
+        t = b + s * batch + c * batch * ctx_per_seq
+        if prefill_tokens > 0:
+            t = max(t + r * min(prefill_tokens, self.rank_tokens) + m + k * prefill_tokens, t, 1e-6)
+        return t
 
     def prefill_rate(self) -> float:
         """Tokens a second of a prefill-only engine running full chunks."""
-        if not self._chunks:
+        if not self._chunks and self.prefill_tok_s is not None:
             return self.prefill_tok_s
         return self.chunk_tokens / max(self.step_s(0, 0.0, self.chunk_tokens), 1e-9)
 
     def observe_prefill(self, tokens: float, seconds: float) -> None:
         """A prefill timed end to end (live: a turn's time to first token with nothing decoding)."""
         if seconds > 0 and tokens > 0:
-            self.prefill_tok_s += 0.05 * (tokens / seconds - self.prefill_tok_s)
+            rate = self.prefill_rate()
+            self.prefill_tok_s = rate + 0.05 * (tokens / seconds - rate)
 
-    def observe_step(self, batch: float, ctx_tokens: float, prefill_tokens: float, seconds: float) -> None:
-        x = (1.0, batch / 100.0, ctx_tokens / 1e5, prefill_tokens / 1e3, 1.0 if prefill_tokens > 0 else 0.0)
+    def observe_step(self, batch: float, ctx_tokens: float, prefill_tokens: float, seconds: float,
+                     weight: float = 1.0) -> None:
+        k = prefill_tokens
+        beyond = k / 1e3 if self.rank_tokens < self.chunk_tokens else 0.0  # without DP ranks: the same as K
+        x = (1.0, batch / 100.0, ctx_tokens / 1e5, min(k, self.rank_tokens) / 1e3, 1.0 if k > 0 else 0.0, beyond)
         for r in range(FEATURES):
-            self._xty[r] += x[r] * seconds
+            self._xty[r] += weight * x[r] * seconds
             for c in range(FEATURES):
-                self._xtx[r][c] += x[r] * x[c]
+                self._xtx[r][c] += weight * x[r] * x[c]
         self._n += 1
         self._chunks += prefill_tokens > 0
         if self._n % self.refit_every == 0:
@@ -84,11 +97,13 @@ class Capacity:
         y = [self._xty[r] + self.ridge * self._prior[r] * _SCALE[r] for r in range(FEATURES)]
         theta = _solve(a, y)
         if theta is not None:
-            self.step = [max(t / s, 0.0) for t, s in zip(theta, _SCALE)]
+            # a chunk-carrying step may cost less than its parts (one weight read shared): the
+            # last two terms may be negative; the step as a whole never is (see step_s)
+            self.step = [t / s if i >= 4 else max(t / s, 0.0) for i, (t, s) in enumerate(zip(theta, _SCALE))]
 
 
 def _solve(a: list[list[float]], y: list[float]) -> list[float] | None:
-    """Gaussian elimination with partial pivoting (5x5: not worth a dependency)."""
+    """Gaussian elimination with partial pivoting (6x6: not worth a dependency)."""
     n = len(y)
     m = [row[:] + [y[i]] for i, row in enumerate(a)]
     for col in range(n):

@@ -81,8 +81,10 @@ class RoleAware:
         return self._stick(self._prefill, trajectory_id, able, loads)
 
     def pick_decode(self, trajectory_id: str, loads: Mapping[str, int], prefilled_on: str) -> str:
-        """Where the decode runs after a prefill on `prefilled_on`."""
-        if self.roles.get(prefilled_on) is Role.mixed:
+        """Where the decode runs after a prefill on `prefilled_on`: there if it decodes (a mixed
+        engine, or one that became a decode engine while the prefill was queued), else a decode
+        engine."""
+        if prefilled_on in self.roles and self.roles[prefilled_on].decodes:
             return prefilled_on
         eid = self._decode.get(trajectory_id)
         if eid is not None and eid in loads and self.roles.get(eid) is Role.decode:

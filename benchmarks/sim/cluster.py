@@ -23,8 +23,11 @@ KV across turns and role switches, in simulated time:
   the decode engine pushes the response's KV back to the prefill engine (`ClusterCost.
   transfer_time`), so the next turn prefills only the new observation, as colocation does. Off,
   a split turn recomputes the previous response on the prefill engine.
-- a drained engine takes its new role `ClusterCost.switch_s` later (graph capture), with its
-  prefix cache flushed if `ClusterCost.flush_on_switch`.
+- a role switch: with `ClusterCost.routing_switch` (kv_both engines, the default) only routing
+  changes: at once to decode or mixed (in-flight work finishes where it is), after draining its
+  decodes to prefill; otherwise (`ClusterCost.restart_switch()`) the engine drains, takes its
+  new role `ClusterCost.switch_s` later (graph capture), its prefix cache flushed if
+  `ClusterCost.flush_on_switch`.
 
 Modes: `sync` runs `rounds` batches of per_gpu·N trajectories with a barrier between them;
 `async` keeps per_gpu·N in flight and refills as each ends, rounds·per_gpu·N in all.
@@ -136,18 +139,21 @@ class Cluster:
         self.horizon_s = horizon_s
         c = self.cost
         if policy.true_cost:
-            self.capacity = Capacity(prefill_tok_s=c.prefill_tokens_per_s, step=c.prior(), kv_tokens=c.kv_capacity_tokens,
-                                     chunk_tokens=c.step_tokens)
-        else:  # a vague prior (Capacity's defaults); the engine's memory and step budget are configuration
-            self.capacity = Capacity(kv_tokens=c.kv_capacity_tokens, chunk_tokens=c.step_tokens)
-        config = config or AllocatorConfig(switch_s=c.switch_s, response_kv_pushed=kv_push)
+            self.capacity = Capacity(step=c.prior(), kv_tokens=c.kv_capacity_tokens, chunk_tokens=c.step_tokens,
+                                     rank_tokens=c.prefill_chunk_tokens)
+        else:  # a vague prior (Capacity's defaults); the engine's memory and step budgets are configuration
+            self.capacity = Capacity(kv_tokens=c.kv_capacity_tokens, chunk_tokens=c.step_tokens,
+                                     rank_tokens=c.prefill_chunk_tokens)
+        config = config or AllocatorConfig(switch_s=c.switch_s, response_kv_pushed=kv_push,
+                                           routing_only=c.routing_switch)
         measure = self._measure if self.guided and not policy.true_cost else None
         self._measured = 0
         self.gpus = {f"g{i:03d}": SimGPU(f"g{i:03d}", c, self.loop, self._prefilled, self._decoded, measure)
                      for i in range(gpus)}
         p = policy.prefill or 0
         layout = Layout(p, gpus - p, 0) if p else Layout(0, 0, gpus)
-        self.allocator = Allocator(self.gpus, self.capacity, config, layout)
+        # the engines were up before the run: their starting roles are not a recent move (dwell)
+        self.allocator = Allocator(self.gpus, self.capacity, config, layout, now=-config.dwell_s)
         self.forecaster = Forecaster(horizon_s)
         self.lifecycle = Lifecycle(clock=lambda: self.loop.now, observers=[self.forecaster] if self.guided else [])
         self.router = RoleAware(self.allocator.roles())

@@ -162,12 +162,21 @@ class ClusterCost:
     alltoall: AllToAll = field(default_factory=AllToAll)
     prefill_overhead_s: float = 0.0  # per request; graph-replayed steps have none
     dp_balanced: bool = True  # a balancing dispatcher spreads a DP group's decodes evenly; False: at random
-    # Role switch, in simulated time, after the drain: re-capturing CUDA graphs for the new role's
-    # batch shapes. Assumed, not measured here: vLLM logs "Graph capturing finished in 5-20 secs" for
-    # 8B-70B models at default capture sizes; 10 s is the middle. A kv_both engine that only changes
-    # routing needs none (set 0).
-    switch_s: float = 10.0
-    flush_on_switch: bool = True  # the flipped engine starts with an empty prefix cache (a restart does)
+    # Role switch. Default: the service's mechanism today (scheduler/roles.py): every engine runs
+    # kv_both, a role is a routing decision, so a switch is instant and keeps the cache; in-flight
+    # work finishes where it is. `restart_switch()`: an engine re-launched in its new role drains
+    # first, then re-captures CUDA graphs (assumed 10 s, not measured here: vLLM logs "Graph
+    # capturing finished in 5-20 secs" for 8B-70B models at default capture sizes) with an empty
+    # prefix cache.
+    switch_s: float = 0.0
+    flush_on_switch: bool = False
+
+    @property
+    def routing_switch(self) -> bool:
+        return self.switch_s == 0 and not self.flush_on_switch
+
+    def restart_switch(self, switch_s: float = 10.0) -> ClusterCost:
+        return dataclasses.replace(self, switch_s=switch_s, flush_on_switch=True)
     legacy: Linear | None = None  # the old model, for the `legacy` preset only
     _rank: Shape = field(init=False, repr=False)
     _lin: dict = field(init=False, repr=False, default_factory=dict)
@@ -250,21 +259,24 @@ class ClusterCost:
         return self.legacy.step_s if self.legacy is not None else self.step_time(1, 1000.0)
 
     def prior(self) -> list[float]:
-        """The true cost model as the allocator's linear step model (base, per sequence, per context
-        token, per chunk token, per chunk-carrying step), read off around a typical step (64
-        sequences of 2k tokens; chunks of a quarter budget and a full step budget). Only the
-        hindsight oracle gets it; guided allocation measures its own (`scheduler.capacity`)."""
+        """The true cost model projected on the allocator's step features (`scheduler.capacity`):
+        a least-squares fit over a grid of steps (1-512 sequences, 0.5k-16k tokens each, chunks up
+        to the step budget). Only the hindsight oracle gets it; guided allocation measures its own."""
         if self.legacy is not None:
             lg = self.legacy
-            return [lg.step_s, lg.per_seq_s, lg.per_ctx_s, 1.0 / lg.prefill_tok_s, 0.0]
-        b, c = 64, 64 * 2048.0
-        lo, hi = self.prefill_chunk_tokens // 4, self.step_tokens
-        base = self.step_time(1, 0.0)
-        per_seq = (self.step_time(b, 0.0) - base) / (b - 1)
-        per_ctx = (self.step_time(b, c) - self.step_time(b, 0.0)) / c
-        per_chunk = (self.step_time(b, c, hi) - self.step_time(b, c, lo)) / (hi - lo)
-        per_step = self.step_time(b, c, lo) - self.step_time(b, c) - per_chunk * lo
-        return [base, max(per_seq, 0.0), max(per_ctx, 0.0), max(per_chunk, 0.0), max(per_step, 0.0)]
+            return [lg.step_s, lg.per_seq_s, lg.per_ctx_s, 1.0 / lg.prefill_tok_s, 0.0, 0.0]
+        from scheduler.capacity import Capacity  # the allocator's features, fitted here
+
+        cap = Capacity(chunk_tokens=self.step_tokens, rank_tokens=self.prefill_chunk_tokens, ridge=1e-6,
+                       refit_every=1 << 30)
+        for b in (0, 1, 16, 64, 256, 512):
+            for ctx in (512, 4096, 16384):
+                for k in (0, 128, 512, 1024, 2048, self.step_tokens // 2, self.step_tokens):
+                    if (b or k) and b * ctx <= self.kv_capacity_tokens:
+                        y = self.step_time(b, b * ctx, k)
+                        cap.observe_step(b, b * ctx, k, y, weight=1 / y**2)  # relative errors count alike
+        cap._refit()
+        return list(cap.step)
 
     def describe(self) -> dict:
         """What the benchmark's JSON records about this cost model."""

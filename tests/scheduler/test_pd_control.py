@@ -17,7 +17,7 @@ PREFILL_HEAVY = {"forecast:prefill_tokens": 2_000_000, "forecast:decode_tokens":
 
 
 def additive() -> Capacity:
-    return Capacity(prefill_tok_s=20_000, step=[0.010, 1e-4, 4e-8, 5e-5])
+    return Capacity(prefill_tok_s=20_000, step=[0.010, 1e-4, 4e-8, 5e-5, 0.020])  # a chunk-carrying step stalls
 
 
 def test_demand_sums_workers_and_weights_means():
@@ -30,7 +30,8 @@ async def test_controller_drains_then_switches_and_routers_follow(redis, keys):
     for eid in IDS:
         await reg.add_engine(EngineInfo(id=eid, url=f"http://127.0.0.1:9/{eid}"))
     now = [100.0]
-    ctl = PDController(reg, additive(), AllocatorConfig(dwell_s=0), clock=lambda: now[0])
+    ctl = PDController(reg, additive(), AllocatorConfig(dwell_s=0, confirm=1, max_moves=0.25),
+                       clock=lambda: now[0])
     assert await ctl.step() == []  # no forecast reported yet: nothing to move for
     await reg.report_phases("w1", PREFILL_HEAVY)
     await reg.report("w1", {"e0": 5000}, set())  # some engine is busy: it costs more to drain
