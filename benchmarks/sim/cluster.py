@@ -220,10 +220,15 @@ class Cluster:
         tr.engines[eid] = None
         tr.prefill_on = eid
         hit = min(gpu.hit(tid), tr.context - 1)
+        if tr.turn == 0 and tr.ep.group is not None:  # a GRPO sibling may have prefilled the prompt here
+            hit = max(hit, min(gpu.hit(tr.ep.group), tr.context - 1))
         gpu.add_prefill(tid, tr.context - hit, hit)
 
     def _prefilled(self, gpu: SimGPU, tid: str) -> None:
-        gpu.touch(tid, self.trajs[tid].context)
+        tr = self.trajs[tid]
+        gpu.touch(tid, tr.context)
+        if tr.turn == 0 and tr.ep.group is not None:
+            gpu.touch(tr.ep.group, tr.ep.prompt)  # the shared prompt, for the group's other members
         self._to_decode(tid, gpu.id)
         self._check_drained(gpu)
 

@@ -63,8 +63,16 @@ class SimGPU:
         return self._s + len(self._seqs) * self._v
 
     def load(self) -> int:
-        """In-flight tokens: prefill left, KV held, KV waiting."""
-        return int(self._pf_left + self.context() + self._wait_ctx)
+        """In-flight tokens now: prefill left, KV held, KV waiting. Projected to the clock without
+        advancing the fluid, so reading it changes nothing (the router reads it between events)."""
+        dt = self.loop.now - self._t
+        pf, ctx = self._pf_left, self.context()
+        if dt > 0:
+            if self._prefill:
+                pf -= dt * self._pf_rate
+            if self._seqs:
+                ctx += len(self._seqs) * dt / self._tau
+        return int(pf + ctx + self._wait_ctx)
 
     def empty(self) -> bool:
         return not self._prefill and not self._seqs and not self._wait and self.incoming == 0
@@ -105,11 +113,11 @@ class SimGPU:
 
     def remaining(self, tid: str) -> tuple[float, float]:
         """(tokens the trajectory still has to decode here, seconds a step takes now)."""
-        self._advance()
         f = self._finish.get(tid)
         if f is None:
             return 0.0, self.cost.decode_step_s
-        return max(f - self._v, 0.0), max(self._tau, self.cost.decode_step_s)
+        v = self._v + max(self.loop.now - self._t, 0.0) / self._tau  # projected: reading changes nothing
+        return max(f - v, 0.0), max(self._tau, self.cost.decode_step_s)
 
     # --- the prefix cache -------------------------------------------------------------
     def hit(self, tid: str) -> int:

@@ -126,3 +126,23 @@ def test_a_role_switch_takes_the_flip_time_and_flushes_the_prefix_cache():
     assert gpu.hit("old") == 0
     c, gpu = _one_switch(switch_s=0.0, flush=False)
     assert c.allocator.engines["g000"].since == 0.0 and gpu.hit("old") == 5_000
+
+
+# --- workloads ------------------------------------------------------------------------------------
+def test_new_workloads_span_the_regimes():
+    web, doc, reason = (WORKLOADS[n].episode(0, 3, 0.5) for n in ("web", "doc", "reason"))
+    assert all(2000 <= t.observation <= 16000 for t in web.turns)
+    assert doc.prompt >= 8000 and max(t.response for t in reason.turns) >= 1000
+    shift = WORKLOADS["shift"]
+    assert shift.mix(0.0)["reason"] > 10 * shift.mix(0.0)["web"] and shift.mix(1.0)["web"] > 10 * shift.mix(1.0)["reason"]
+
+
+def test_grpo_groups_share_a_prompt_and_its_prefill():
+    grpo = WORKLOADS["grpo"]
+    eps = [grpo.episode(0, i, 0.0) for i in range(32)]
+    assert len({(e.group, e.prompt, e.env) for e in eps}) == 2 and eps[0].turns != eps[1].turns
+    wl = dataclasses.replace(grpo, per_gpu=16, rounds=1)
+    shared = Cluster(wl, 1, Policy.colocated(), "async").run()
+    alone = Cluster(dataclasses.replace(wl, group=1), 1, Policy.colocated(), "async").run()
+    first = sum(e.prompt for e in (wl.episode(0, i, 0.0) for i in range(16)))
+    assert shared.prefill_tokens < alone.prefill_tokens - 0.5 * first  # 15 of 16 prompts came from the cache
