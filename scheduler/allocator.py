@@ -132,7 +132,7 @@ class Allocator:
         decode_s = waves * steps * cap.step_s(min(b, fit), ctx) if d.decode_tokens > 0 else 0.0
         tokens = self.prefill_tokens(d, prefillers, split=False)
         extra = 0.0 if self.config.response_kv_pushed or not tokens else d.turns * d.mean_response / tokens
-        rate = cap.prefill_rate()
+        rate = cap.prefill_rate(ctx)  # a turn's prefill attends to the conversation before it
 
         def prefill_side(x: float) -> float:  # x tokens on the prefill engines
             return x * (1.0 + extra) / (p * rate) if p else 0.0
@@ -149,7 +149,7 @@ class Allocator:
             chunk_steps = max(per / cap.chunk_tokens, min(turns, n_steps), 1e-9)
             k = per / chunk_steps
             bb = min(b, fit)
-            stall = cap.step_s(bb, ctx, k) - cap.step_s(bb, ctx, 0.0)
+            stall = cap.step_s(bb, ctx, k, ctx) - cap.step_s(bb, ctx, 0.0)  # a turn's prefill follows its context
             return decode_s + chunk_steps * stall + max(chunk_steps - n_steps, 0.0) * cap.step[0]
 
         if not m:

@@ -1,10 +1,11 @@
 """How fast the engines are, as measured: a linear step model fitted to observed engine steps.
 
     step seconds ≈ base + per_seq·B + per_ctx·C + per_rank_tok·min(K, rank_tokens)
-                   + per_chunk_step·[K > 0] + per_tok·K
+                   + per_chunk_step·[K > 0] + per_tok·K + per_prefix·min(K, rank_tokens)·P
 
 for a step running B decoding sequences that hold C context tokens in all, beside K prefill
-tokens. On a data-parallel attention group one rank takes at most `rank_tokens` of the chunk
+tokens after P cached ones (a later turn's prefill attends to the whole conversation: at 30k
+tokens of prefix a 2,048-token chunk costs ~0.15 s on an H200 rank). On a data-parallel attention group one rank takes at most `rank_tokens` of the chunk
 and every rank waits for it at the barrier, so the first `rank_tokens` cost far more than the
 rest (which other ranks take in parallel): measured-shape cost, 8B dense, is linear in K; a
 DP8 MoE group's step grows 23 ms over the first 2,048 tokens and 11 ms over the next 14k.
@@ -27,8 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-FEATURES = 6
-_SCALE = (1.0, 100.0, 1e5, 1e3, 1.0, 1e3)  # features scaled to similar magnitude so the ridge treats them alike
+FEATURES = 7
+_SCALE = (1.0, 100.0, 1e5, 1e3, 1.0, 1e3, 1e8)  # features scaled to similar magnitude so the ridge treats them alike
 
 
 @dataclass(slots=True)
@@ -36,7 +37,7 @@ class Capacity:
     """Measured engine speed, starting from a prior and refined by observations."""
 
     prefill_tok_s: float | None = None  # a prior for the prefill rate until a chunk is seen; None: from `step`
-    step: list = field(default_factory=lambda: [0.010, 1e-4, 4e-8, 5e-5, 0.0, 0.0])
+    step: list = field(default_factory=lambda: [0.010, 1e-4, 4e-8, 5e-5, 0.0, 0.0, 0.0])
     kv_tokens: float = 400_000.0
     chunk_tokens: int = 2048  # the engine's per-step prefill budget (vLLM max_num_batched_tokens)
     rank_tokens: int = 0  # one DP rank's share of it; 0: the whole budget (no DP attention)
@@ -59,18 +60,19 @@ class Capacity:
     def samples(self) -> int:
         return self._n
 
-    def step_s(self, batch: float, ctx_per_seq: float, prefill_tokens: float = 0.0) -> float:
-        b, s, c, r, m, k = self.step
+    def step_s(self, batch: float, ctx_per_seq: float, prefill_tokens: float = 0.0, prefix: float = 0.0) -> float:
+        b, s, c, r, m, k, a = self.step
         t = b + s * batch + c * batch * ctx_per_seq
         if prefill_tokens > 0:
-            t = max(t + r * min(prefill_tokens, self.rank_tokens) + m + k * prefill_tokens, t, 1e-6)
+            kr = min(prefill_tokens, self.rank_tokens)
+            t = max(t + r * kr + m + k * prefill_tokens + a * kr * prefix, t, 1e-6)
         return t
 
-    def prefill_rate(self) -> float:
-        """Tokens a second of a prefill-only engine running full chunks."""
+    def prefill_rate(self, prefix: float = 0.0) -> float:
+        """Tokens a second of a prefill-only engine running full chunks after `prefix` cached tokens."""
         if not self._chunks and self.prefill_tok_s is not None:
             return self.prefill_tok_s
-        return self.chunk_tokens / max(self.step_s(0, 0.0, self.chunk_tokens), 1e-9)
+        return self.chunk_tokens / max(self.step_s(0, 0.0, self.chunk_tokens, prefix), 1e-9)
 
     def observe_prefill(self, tokens: float, seconds: float) -> None:
         """A prefill timed end to end (live: a turn's time to first token with nothing decoding)."""
@@ -79,10 +81,11 @@ class Capacity:
             self.prefill_tok_s = rate + 0.05 * (tokens / seconds - rate)
 
     def observe_step(self, batch: float, ctx_tokens: float, prefill_tokens: float, seconds: float,
-                     weight: float = 1.0) -> None:
+                     prefix: float = 0.0, weight: float = 1.0) -> None:
         k = prefill_tokens
+        kr = min(k, self.rank_tokens)
         beyond = k / 1e3 if self.rank_tokens < self.chunk_tokens else 0.0  # without DP ranks: the same as K
-        x = (1.0, batch / 100.0, ctx_tokens / 1e5, min(k, self.rank_tokens) / 1e3, 1.0 if k > 0 else 0.0, beyond)
+        x = (1.0, batch / 100.0, ctx_tokens / 1e5, kr / 1e3, 1.0 if k > 0 else 0.0, beyond, kr * prefix / 1e8)
         for r in range(FEATURES):
             self._xty[r] += weight * x[r] * seconds
             for c in range(FEATURES):
@@ -97,13 +100,13 @@ class Capacity:
         y = [self._xty[r] + self.ridge * self._prior[r] * _SCALE[r] for r in range(FEATURES)]
         theta = _solve(a, y)
         if theta is not None:
-            # a chunk-carrying step may cost less than its parts (one weight read shared): the
-            # last two terms may be negative; the step as a whole never is (see step_s)
-            self.step = [t / s if i >= 4 else max(t / s, 0.0) for i, (t, s) in enumerate(zip(theta, _SCALE))]
+            # a chunk-carrying step may cost less than its parts (one weight read shared): those two
+            # terms may be negative; the step as a whole never is (see step_s)
+            self.step = [t / s if i in (4, 5) else max(t / s, 0.0) for i, (t, s) in enumerate(zip(theta, _SCALE))]
 
 
 def _solve(a: list[list[float]], y: list[float]) -> list[float] | None:
-    """Gaussian elimination with partial pivoting (6x6: not worth a dependency)."""
+    """Gaussian elimination with partial pivoting (7x7: not worth a dependency)."""
     n = len(y)
     m = [row[:] + [y[i]] for i, row in enumerate(a)]
     for col in range(n):

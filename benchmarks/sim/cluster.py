@@ -21,8 +21,10 @@ horizon instead of the forecast), `Policy.oracle()` (true demand and the true co
 KV across turns and role switches, in simulated time:
 - `kv_push` (default on): when a turn decoded on another engine than the one that prefilled it,
   the decode engine pushes the response's KV back to the prefill engine (`ClusterCost.
-  transfer_time`), so the next turn prefills only the new observation, as colocation does. Off,
-  a split turn recomputes the previous response on the prefill engine.
+  transfer_time`), so the next turn prefills only the new observation, as colocation does; and
+  a prefill engine that lacks a conversation another engine holds (after a role switch, or an
+  eviction) pulls it when the transfer beats recomputing it. Off, a split turn recomputes the
+  previous response, and a moved conversation all of its context, on the prefill engine.
 - a role switch: with `ClusterCost.routing_switch` (kv_both engines, the default) only routing
   changes: at once to decode or mixed (in-flight work finishes where it is), after draining its
   decodes to prefill; otherwise (`ClusterCost.restart_switch()`) the engine drains, takes its
@@ -91,7 +93,7 @@ class Result:
     events: int
     forecast: ForecastError | None = None
     layouts: list = field(default_factory=list)  # (t, prefill, decode, mixed) after each move
-    pushed_tokens: int = 0  # response KV pushed decode -> prefill (kv_push)
+    pushed_tokens: int = 0  # KV moved to a prefill engine: responses pushed back, contexts pulled (kv_push)
 
 
 @dataclass(slots=True)
@@ -222,7 +224,23 @@ class Cluster:
         hit = min(gpu.hit(tid), tr.context - 1)
         if tr.turn == 0 and tr.ep.group is not None:  # a GRPO sibling may have prefilled the prompt here
             hit = max(hit, min(gpu.hit(tr.ep.group), tr.context - 1))
+        if self.kv_push:  # another engine holds more of the conversation: pull it when cheaper than recompute
+            more, src = max(((min(self.gpus[e].hit(tid), tr.context - 1), e) for e in tr.engines if e != eid),
+                            default=(0, None))
+            extra = more - hit
+            if extra > 0 and self.cost.transfer_time(extra) < extra / self.cost.prefill_tokens_per_s:
+                self.pushed += extra
+                gpu.incoming += 1
+                self.loop.after(self.cost.transfer_time(extra), self._pulled, (tid, eid, more))
+                return
         gpu.add_prefill(tid, tr.context - hit, hit)
+
+    def _pulled(self, arg: tuple[str, str, int]) -> None:
+        tid, eid, cached = arg
+        gpu, tr = self.gpus[eid], self.trajs[tid]
+        gpu.incoming -= 1
+        gpu.touch(tid, cached)
+        gpu.add_prefill(tid, tr.context - cached, cached)
 
     def _prefilled(self, gpu: SimGPU, tid: str) -> None:
         tr = self.trajs[tid]
@@ -311,10 +329,11 @@ class Cluster:
             self.loop.stop()
 
     # --- the control loop (guided only) ---------------------------------------------------
-    def _measure(self, batch: int, context: float, chunk: float, seconds: float) -> None:
+    def _measure(self, batch: int, context: float, chunk: float, seconds: float, prefix: float) -> None:
+        """An engine step's timing, as the live service reads it from vLLM: into `Capacity`."""
         self._measured += 1
-        if self._measured % 8 == 0:  # a sample of steps is plenty for a 4-parameter fit
-            self.capacity.observe_step(batch, context, chunk, seconds)
+        if self._measured % 8 == 0:  # a sample of steps is plenty for a 7-parameter fit
+            self.capacity.observe_step(batch, context, chunk, seconds, prefix)
 
     def _control(self, _=None) -> None:
         now = self.loop.now

@@ -264,7 +264,7 @@ class ClusterCost:
         to the step budget). Only the hindsight oracle gets it; guided allocation measures its own."""
         if self.legacy is not None:
             lg = self.legacy
-            return [lg.step_s, lg.per_seq_s, lg.per_ctx_s, 1.0 / lg.prefill_tok_s, 0.0, 0.0]
+            return [lg.step_s, lg.per_seq_s, lg.per_ctx_s, 1.0 / lg.prefill_tok_s, 0.0, 0.0, 0.0]
         from scheduler.capacity import Capacity  # the allocator's features, fitted here
 
         cap = Capacity(chunk_tokens=self.step_tokens, rank_tokens=self.prefill_chunk_tokens, ridge=1e-6,
@@ -272,9 +272,10 @@ class ClusterCost:
         for b in (0, 1, 16, 64, 256, 512):
             for ctx in (512, 4096, 16384):
                 for k in (0, 128, 512, 1024, 2048, self.step_tokens // 2, self.step_tokens):
-                    if (b or k) and b * ctx <= self.kv_capacity_tokens:
-                        y = self.step_time(b, b * ctx, k)
-                        cap.observe_step(b, b * ctx, k, y, weight=1 / y**2)  # relative errors count alike
+                    for prefix in ((0, 4096, 16384, 32768) if k else (0,)):
+                        if (b or k) and b * ctx <= self.kv_capacity_tokens:
+                            y = self.step_time(b, b * ctx, k, prefix)
+                            cap.observe_step(b, b * ctx, k, y, prefix, weight=1 / y**2)  # relative errors alike
         cap._refit()
         return list(cap.step)
 

@@ -34,7 +34,7 @@ _EPS = 1e-6
 class SimGPU:
     def __init__(self, id: str, cost: ClusterCost, loop: EventLoop,
                  prefilled: Callable[["SimGPU", str], None], decoded: Callable[["SimGPU", str], None],
-                 measure: Callable[[int, float, float, float], None] | None = None):
+                 measure: Callable[[int, float, float, float, float], None] | None = None):
         self.id, self.cost, self.loop = id, cost, loop
         self._prefilled, self._decoded, self._measure = prefilled, decoded, measure
         self._cache: OrderedDict[str, int] = OrderedDict()  # LRU: oldest first
@@ -174,18 +174,19 @@ class SimGPU:
         c = self.cost
         b = len(self._seqs)
         ctx = self.context()
-        k = 0.0
+        k = prefix = 0.0
         if self._prefill:
             _, left, end = self._prefill[0]
             k = min(c.step_tokens, max(self._pf_left, 1.0))
-            tau = c.step_time(b, ctx, k, max(end - left, 0.0))
+            prefix = max(end - left, 0.0)
+            tau = c.step_time(b, ctx, k, prefix)
             self._pf_rate = k / tau
             if b:
                 self._tau = tau
         elif b:
             self._tau = c.step_time(b, ctx)
         if self._measure is not None and (b or k):
-            self._measure(b, ctx, k, self._tau if b else k / self._pf_rate)
+            self._measure(b, ctx, k, self._tau if b else k / self._pf_rate, prefix)
         self._version += 1
         nxt = []
         if b:
