@@ -1,29 +1,30 @@
-"""End-to-end rollout time under three prefill/decode allocations, in one seeded run.
+"""End-to-end rollout time under every prefill/decode allocation, in one seeded run.
 
-For each model × workload (math, coding, swe, mix) × mode (sync, async) × cluster size (8, 32,
-128 simulated GPUs) the discrete-event simulator (`benchmarks/sim`, driving the real
-`scheduler/` lifecycle, forecaster, allocator and router) runs the same episodes under:
+For each model × workload × mode (sync, async) × cluster size, and each seed, the discrete-event
+simulator (`benchmarks/sim`, driving the real `scheduler/` lifecycle, forecaster, capacity fit,
+allocator and router) runs the same episodes under:
 
-- colocated: every engine mixed (prefill and decode on the same GPU), sticky least-loaded;
-- best static split: p prefill + (N − p) decode engines, p searched over N/8, N/4, N/2
-  (at least 1); the best in hindsight is reported (an oracle no real static deployment has);
-- guided: starts colocated; every 5 s the forecaster and allocator may move engines between
-  roles, draining them first.
+- colocated: every engine mixed, sticky least-loaded, at vLLM's default step budget (2,048);
+- colocated, tuned: the best of chunk budgets 512 / 2,048 / 8,192 tokens a rank, in hindsight;
+- every static split: p prefill + (N − p) decode engines, every p for N ≤ 8 engines, else
+  p ∈ N·{1/8, 1/4, 3/8, 1/2, 5/8, 3/4};
+- guided: starts colocated; every 5 s the forecaster and allocator may move engines; the
+  allocator's step model is fitted to the simulated engines' own steps (no prior from the cost
+  model);
+- guided, perfect forecast: the same, told the true demand of the next 15 s;
+- hindsight oracle: the best in hindsight of colocated, every static split, and a dynamic run
+  told the true demand and the true cost model (`Policy.oracle()`).
 
-Models (`benchmarks/sim/cost.py` PRESETS, step costs fitted to H200 measurements): dense 8B
-TP1 (`llama3-8b-tp1`), dense 32B at TP2 and TP4 (`qwen2.5-32b-tp2`, `-tp4`: an engine is 2 or 4
-GPUs), and Qwen3-30B-A3B with data-parallel attention over 8 GPUs and EP8 (`qwen3-30b-a3b-dp8ep8`:
-an engine is a DP group of 8, so 8 GPUs make one engine and no split). `legacy` is the old
-unmeasured model, kept for comparison only.
+Every policy pushes a split turn's response KV back to its prefill engine (no recompute) and
+switches roles as the service does today (kv_both engines: routing only). `--restart-switch`
+makes a switch a drain + 10 s of graph capture + a flushed prefix cache instead.
 
-Prints one line per figure with the speedup of guided over colocated and over the best
-static split, then where guided wins, ties (within ±2%) and loses, and writes
-benchmarks/results/pd_allocation.json.
+Prints one line per cell (medians over seeds, min–max in brackets), a summary per regime, and
+writes the JSON, a text table and a plot (`--table`, `--plot`).
 
-    python benchmarks/pd_allocation.py                      # every model; ~15 min on 2 cores
-    python benchmarks/pd_allocation.py --models llama3-8b-tp1 --gpus 8 --modes sync --workloads swe
-    python benchmarks/pd_allocation.py --scale 4            # 4x the trajectories per GPU
-    python benchmarks/pd_allocation.py --models legacy      # the pre-measurement defaults
+    python benchmarks/pd_allocation.py --quick          # one seed; dense at 8 GPUs, MoE at 32
+    python benchmarks/pd_allocation.py                  # 3 seeds, the grid of docs/results/pd_allocation.txt
+    python benchmarks/pd_allocation.py --models llama3-8b-tp1 --gpus 8 --modes sync --workloads swe --seeds 0
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import dataclasses
 import itertools
 import json
 import math
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -43,101 +45,189 @@ from benchmarks.sim.cluster import Cluster, Policy, Result  # noqa: E402
 from benchmarks.sim.cost import PRESETS, ClusterCost  # noqa: E402
 from benchmarks.sim.workload import WORKLOADS  # noqa: E402
 
-SPLITS = (1 / 8, 1 / 4, 1 / 2)  # 1/16 and 3/4 were never best in trials; add them back with care
+SPLITS = (1 / 8, 1 / 4, 3 / 8, 1 / 2, 5 / 8, 3 / 4)
+CHUNKS = (512, 2048, 8192)  # colocated step budgets tried (tokens a rank); 2,048 is vLLM's default
 TIE = 0.02
+REGIME = {"llama3-8b-tp1": "dense 8B TP1", "qwen2.5-32b-tp2": "dense 32B TP2", "qwen2.5-32b-tp4": "dense 32B TP4",
+          "qwen3-30b-a3b-dp8ep8": "MoE DP8-attention EP8", "legacy": "legacy"}
 
 
 def splits(n: int) -> list[int]:
+    if n <= 8:
+        return list(range(1, n))
     return sorted({min(max(1, round(f * n)), n - 1) for f in SPLITS})
 
 
-def run_cell(workload: str, mode: str, gpus: int, seed: int, cost: ClusterCost, scale: float) -> dict:
-    """`gpus` GPUs make gpus // cost.gpus engines; trajectories per GPU as the workload says."""
-    engines = gpus // cost.gpus
+def run_seed(workload: str, mode: str, engines: int, seed: int, cost: ClusterCost, scale: float) -> dict:
     per_engine = max(1, round(WORKLOADS[workload].per_gpu * scale * cost.gpus))
     wl = dataclasses.replace(WORKLOADS[workload], per_gpu=per_engine)
 
-    def one(policy: Policy) -> Result:
-        return Cluster(wl, engines, policy, mode, seed=seed, cost=cost).run()
+    def one(policy: Policy, c: ClusterCost = cost) -> Result:
+        return Cluster(wl, engines, policy, mode, seed=seed, cost=c).run()
 
     colo = one(Policy.colocated())
+    tuned = {ch: colo if ch == cost.prefill_chunk_tokens else
+             one(Policy.colocated(), dataclasses.replace(cost, prefill_chunk_tokens=ch)) for ch in CHUNKS}
     statics = [one(Policy.static(p)) for p in splits(engines)]
     best = min(statics, key=lambda r: r.makespan_s)
-    guided = one(Policy.guided())
+    guided, perfect, dyn = one(Policy.guided()), one(Policy.guided(perfect=True)), one(Policy.oracle())
+    oracle = min([colo, dyn, *statics], key=lambda r: r.makespan_s)
     fe = guided.forecast
     return {
-        "workload": workload, "mode": mode, "gpus": gpus, "engines": engines, "trajectories": colo.trajectories,
-        "turns": colo.turns,
-        "colocated_s": colo.makespan_s, "best_static": best.policy, "best_static_s": best.makespan_s,
-        "statics": {r.policy: r.makespan_s for r in statics}, "guided_s": guided.makespan_s,
-        "guided_moves": guided.moves, "guided_layouts": guided.layouts,
-        "speedup_vs_colocated": colo.makespan_s / guided.makespan_s,
-        "speedup_vs_best_static": best.makespan_s / guided.makespan_s,
-        "utilization": {"colocated": colo.utilization, "best_static": best.utilization, "guided": guided.utilization},
+        "seed": seed, "trajectories": colo.trajectories, "turns": colo.turns,
+        "colocated_s": colo.makespan_s,
+        "colocated_tuned_s": min(r.makespan_s for r in tuned.values()),
+        "colocated_tuned_chunk": min(tuned, key=lambda ch: tuned[ch].makespan_s),
+        "statics": {r.policy: r.makespan_s for r in statics},
+        "best_static": best.policy, "best_static_s": best.makespan_s,
+        "guided_s": guided.makespan_s, "guided_moves": guided.moves, "guided_layouts": guided.layouts,
+        "perfect_s": perfect.makespan_s, "perfect_moves": perfect.moves,
+        "oracle_dynamic_s": dyn.makespan_s, "oracle_s": oracle.makespan_s, "oracle": oracle.policy,
         "prefill_tokens": {"colocated": colo.prefill_tokens, "best_static": best.prefill_tokens,
                            "guided": guided.prefill_tokens},
+        "kv_pushed_tokens": {"best_static": best.pushed_tokens, "guided": guided.pushed_tokens},
         "forecast": None if fe is None else dataclasses.asdict(fe),
     }
 
 
-def pct(x: float) -> str:
-    return "n/a" if x is None or math.isnan(x) else f"{100 * x:.0f}%"
+def spread(xs: list[float]) -> dict:
+    xs = [x for x in xs if x is not None and not math.isnan(x)]
+    if not xs:
+        return {"median": float("nan"), "min": float("nan"), "max": float("nan")}
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
 
 
-def verdict(s: float) -> str:
-    return "win" if s > 1 + TIE else "loss" if s < 1 - TIE else "tie"
+def fmt(s: dict, pct: bool = False) -> str:
+    if math.isnan(s["median"]):
+        return "n/a"
+    if pct:
+        return f"{100 * s['median']:.0f}% [{100 * s['min']:.0f}-{100 * s['max']:.0f}]"
+    return f"{s['median']:.2f}x [{s['min']:.2f}-{s['max']:.2f}]"
+
+
+def summarize(cell: dict) -> dict:
+    runs = cell["seeds"]
+    ratio = {k: spread([r[f] / r["guided_s"] for r in runs]) for k, f in
+             (("guided/colocated", "colocated_s"), ("guided/colocated-tuned", "colocated_tuned_s"),
+              ("guided/best-static", "best_static_s"), ("guided/oracle", "oracle_s"),
+              ("best-static/colocated", None), ("perfect/colocated", None), ("oracle/colocated", None)) if f}
+    ratio["best-static/colocated"] = spread([r["colocated_s"] / r["best_static_s"] for r in runs])
+    ratio["perfect/colocated"] = spread([r["colocated_s"] / r["perfect_s"] for r in runs])
+    ratio["oracle/colocated"] = spread([r["colocated_s"] / r["oracle_s"] for r in runs])
+    ratio["prefill WAPE"] = spread([(r["forecast"] or {}).get("prefill_wape", float("nan")) for r in runs])
+    ratio["decode WAPE"] = spread([(r["forecast"] or {}).get("decode_wape", float("nan")) for r in runs])
+    ratio["guided moves"] = spread([r["guided_moves"] for r in runs])
+    return ratio
+
+
+def geomean(xs: list[float]) -> float:
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default="llama3-8b-tp1,qwen2.5-32b-tp2,qwen2.5-32b-tp4,qwen3-30b-a3b-dp8ep8",
+    ap.add_argument("--models", default="llama3-8b-tp1,qwen2.5-32b-tp4,qwen3-30b-a3b-dp8ep8",
                     help=f"comma list of {sorted(PRESETS)}")
-    ap.add_argument("--workloads", default="math,coding,swe,mix")
+    ap.add_argument("--workloads", default="math,coding,swe,mix,web,doc,reason,shift,grpo")
     ap.add_argument("--modes", default="sync,async")
-    ap.add_argument("--gpus", default="8,32,128")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--gpus", default="8,32,128", help="per model, sizes with fewer than 2 engines are skipped")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--quick", action="store_true", help="one seed; dense models at 8 GPUs, the MoE at 32")
     ap.add_argument("--scale", type=float, default=1.0, help="multiply trajectories per GPU")
+    ap.add_argument("--restart-switch", action="store_true",
+                    help="a role switch drains, takes 10 s (graph capture) and flushes the prefix cache")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "pd_allocation.json"))
+    ap.add_argument("--table", default="", help="also write the printed table here")
+    ap.add_argument("--plot", default="", help="write a plot of speedup by regime here (matplotlib)")
     args = ap.parse_args()
     costs = {m: PRESETS[m]() for m in args.models.split(",")}
+    if args.restart_switch:
+        costs = {m: c.restart_switch() for m, c in costs.items()}
+    seeds = [0] if args.quick else [int(s) for s in args.seeds.split(",")]
+    lines: list[str] = []
+
+    def say(s: str) -> None:
+        print(s, flush=True)
+        lines.append(s)
 
     cells, t0 = [], time.perf_counter()
-    grid = itertools.product(costs.items(), args.workloads.split(","), args.modes.split(","),
-                             (int(g) for g in args.gpus.split(",")))
-    for (model, cost), workload, mode, gpus in grid:
-        if gpus // cost.gpus < 2:
-            print(f"{model} {workload:6s} {mode:5s} {gpus:3d} GPUs: one engine of {cost.gpus} GPUs, nothing to split")
-            continue
-        c = run_cell(workload, mode, gpus, args.seed, cost, args.scale)
-        c["model"] = model
-        cells.append(c)
-        fe = c["forecast"] or {}
-        print(f"{model} {workload:6s} {mode:5s} {gpus:3d} GPUs ({c['trajectories']:5d} traj): "
-              f"colocated {c['colocated_s']:7.1f}s  best static {c['best_static']:>10s} "
-              f"{c['best_static_s']:7.1f}s  guided {c['guided_s']:7.1f}s ({c['guided_moves']} moves)  "
-              f"guided/colocated {c['speedup_vs_colocated']:.2f}x  "
-              f"guided/best-static {c['speedup_vs_best_static']:.2f}x  "
-              f"forecast WAPE prefill {pct(fe.get('prefill_wape'))} decode {pct(fe.get('decode_wape'))}",
-              flush=True)
+    for (model, cost), workload, mode in itertools.product(costs.items(), args.workloads.split(","),
+                                                          args.modes.split(",")):
+        sizes = [int(g) for g in args.gpus.split(",")]
+        if args.quick:
+            sizes = [max(8, 2 * cost.gpus)] if cost.dp > 1 else [8]
+        for gpus in sizes:
+            engines = gpus // cost.gpus
+            if engines < 2:
+                continue
+            runs = [run_seed(workload, mode, engines, s, cost, args.scale) for s in seeds]
+            cell = {"model": model, "regime": REGIME.get(model, model), "workload": workload, "mode": mode,
+                    "gpus": gpus, "engines": engines, "seeds": runs}
+            cell["summary"] = s = summarize(cell)
+            cells.append(cell)
+            say(f"{model} {workload:6s} {mode:5s} {gpus:3d} GPUs ({runs[0]['trajectories']:5d} traj): "
+                f"guided/colocated {fmt(s['guided/colocated'])}  /best-static {fmt(s['guided/best-static'])} "
+                f"({runs[0]['best_static']})  /oracle {fmt(s['guided/oracle'])}  "
+                f"best-static/colocated {fmt(s['best-static/colocated'])}  "
+                f"perfect-forecast/colocated {fmt(s['perfect/colocated'])}  "
+                f"tuned-colocated/colocated {fmt(spread([r['colocated_s'] / r['colocated_tuned_s'] for r in runs]))}  "
+                f"moves {s['guided moves']['median']:.0f}  WAPE prefill {fmt(s['prefill WAPE'], True)} "
+                f"decode {fmt(s['decode WAPE'], True)}")
     wall = time.perf_counter() - t0
 
-    for key, name in (("speedup_vs_colocated", "colocated"), ("speedup_vs_best_static", "best static split")):
-        groups = {"win": [], "tie": [], "loss": []}
-        for c in cells:
-            groups[verdict(c[key])].append(f"{c['model']}/{c['workload']}/{c['mode']}/{c['gpus']}")
-        xs = [c[key] for c in cells]
-        print(f"guided vs {name}: {min(xs):.2f}x-{max(xs):.2f}x (geomean "
-              f"{math.exp(sum(map(math.log, xs)) / len(xs)):.2f}x); wins {len(groups['win'])}, "
-              f"ties {len(groups['tie'])}, losses {len(groups['loss'])}"
-              + (f"; losses: {', '.join(groups['loss'])}" if groups["loss"] else "")
-              + (f"; wins: {', '.join(groups['win'])}" if groups["win"] else ""))
-    print("published reference for this design: 1.11x-4.05x over colocation")
-    print(f"wall time {wall:.0f}s")
+    say("")
+    say("per regime (medians of the per-cell medians; range over cells):")
+    for regime in dict.fromkeys(c["regime"] for c in cells):
+        cs = [c for c in cells if c["regime"] == regime]
+
+        def col(key: str) -> str:
+            xs = [c["summary"][key]["median"] for c in cs]
+            return f"{statistics.median(xs):.2f}x ({min(xs):.2f}-{max(xs):.2f})"
+
+        vs_best = [c["summary"]["guided/best-static"]["median"] for c in cs]
+        say(f"{regime:24s} cells {len(cs):3d}  guided/colocated {col('guided/colocated')}  "
+            f"guided/best-static {col('guided/best-static')}, >= 0.98x in {sum(x >= 0.98 for x in vs_best)}/{len(cs)}  "
+            f"guided/oracle {col('guided/oracle')}  best-static/colocated {col('best-static/colocated')}  "
+            f"oracle/colocated {col('oracle/colocated')}")
+    xs = [c["summary"]["guided/colocated"]["median"] for c in cells]
+    say(f"all {len(cells)} cells: guided/colocated {min(xs):.2f}-{max(xs):.2f}x (geomean {geomean(xs):.2f}x); "
+        f"published reference for this design: 1.11-4.05x over colocation")
+    say(f"seeds {seeds}; wall time {wall:.0f}s")
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "cost": {m: c.describe() for m, c in costs.items()}, "wall_s": wall,
-                               "cells": cells}, indent=1))
+    out.write_text(json.dumps({"args": vars(args), "cost": {m: c.describe() for m, c in costs.items()},
+                               "wall_s": wall, "cells": cells}, indent=1))
+    if args.table:
+        Path(args.table).write_text("\n".join(lines) + "\n")
+    if args.plot:
+        plot(cells, args.plot)
+
+
+def plot(cells: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    regimes = list(dict.fromkeys(c["regime"] for c in cells))
+    keys = (("best-static/colocated", "best static split"), ("oracle/colocated", "hindsight oracle"),
+            ("guided/colocated", "guided (our forecast)"), ("perfect/colocated", "guided (perfect forecast)"))
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    width = 0.8 / len(keys)
+    for i, (key, label) in enumerate(keys):
+        for j, regime in enumerate(regimes):
+            ys = [c["summary"][key]["median"] for c in cells if c["regime"] == regime]
+            x = j + (i - (len(keys) - 1) / 2) * width
+            ax.scatter([x] * len(ys), ys, s=10, color=f"C{i}", alpha=0.6, label=label if j == 0 else None)
+            ax.plot([x - width / 2, x + width / 2], [statistics.median(ys)] * 2, color=f"C{i}", lw=2)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xticks(range(len(regimes)), regimes)
+    ax.set_ylabel("speedup over colocated (end-to-end rollout time)")
+    ax.set_title("PD allocation by regime: one dot per cell (median of seeds), bar = median of cells")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 if __name__ == "__main__":
