@@ -17,8 +17,9 @@ model fitted to the engines' own step timings):
 
 `allocate(demand, drain_s, now)` moves toward the best layout only when it pays:
 - the gain (the share of throughput the new layout wins, held for `payback_s`, in engine-
-  seconds) must beat the real cost of the move — each moved engine's drain time plus the flip
-  (`switch_s`: graph capture and a flushed prefix cache) — by `margin`, and be at least
+  seconds) must beat the real cost of the move — each moved engine's drain time, the flip
+  (`switch_s`: graph capture), and rebuilding the prefix caches an engine that stops
+  prefilling strands — by `margin`, and be at least
   `min_gain` of the current estimate, in `confirm` decisions in a row;
 - any number of engines may move in one decision (`max_moves`, a share of the cluster: 1.0 by
   default) when the forecast says so; an engine that moved less than `dwell_s` ago stays, and
@@ -62,6 +63,11 @@ class AllocatorConfig:
     # simulator (≈5-10% on dense models, where a split gains nothing), below the DP-attention gains
     min_gain: float = 0.10
     confirm: int = 2  # the same target must win this many decisions in a row (a burst is not a trend)
+    min_samples: int = 0  # engine steps the capacity fit must have seen before anything moves (0: trust the prior)
+    # responses the forecaster must have learned from, as a share of the live trajectories, before
+    # anything moves: the first responses to finish are the short ones, so an early forecast of
+    # decode work is mostly its prior and biased low (0: act at once)
+    min_observed: float = 0.0
     dwell_s: float = 30.0  # an engine keeps a new role at least this long
     max_moves: float = 1.0  # share of the cluster that may move per decision (at least one engine)
     payback_s: float = 60.0  # a new layout is credited with its gain over this long (RL phases last minutes)
@@ -95,7 +101,7 @@ class Allocator:
         for e, r in zip(ids, roles):
             self.engines[e].ready(now, r)
         self.history: list[tuple[float, Move]] = []
-        self._pending: tuple[tuple, int] | None = None  # the winning moves and how many decisions in a row
+        self._pending: tuple[Layout, int] | None = None  # the winning layout and how many decisions in a row
         self._heading: Layout | None = None  # the target of a move made in two steps
 
     # --- reading -----------------------------------------------------------------------
@@ -169,7 +175,11 @@ class Allocator:
         recompute for the share of live contexts that cannot stay cached on the `holders`
         engines' KV."""
         need = d.live * d.mean_context
-        miss = max(0.0, 1.0 - holders * self.capacity.kv_tokens / need) if need > 0 else 0.0
+        # turns come back to the same engines in a cycle, so an LRU prefix cache that cannot hold
+        # them all loses nearly every one (a cliff, not a slope): miss rises from 0 at 90% full to
+        # 1 at 110% (the simulator's cache evicts down to 90%)
+        fill = need / (holders * self.capacity.kv_tokens) if holders and need > 0 else 0.0
+        miss = min(max((fill - 0.9) / 0.2, 0.0), 1.0)
         extra = d.turns * d.mean_response if split and not self.config.response_kv_pushed else 0.0
         return d.prefill_tokens + extra + d.turns * miss * d.mean_context
 
@@ -188,11 +198,14 @@ class Allocator:
                    key=lambda x: (x[1], x[0].mixed != n, x[0].prefill))
 
     # --- deciding ----------------------------------------------------------------------
-    def allocate(self, d: Demand, drain_s: Mapping[str, float], now: float) -> list[Move]:
-        """Start the moves worth making now. `drain_s`: each engine's time to finish what it holds."""
-        if self.draining():
-            return []
+    def allocate(self, d: Demand, drain_s: Mapping[str, float], now: float,
+                 cached: Mapping[str, float] | None = None) -> list[Move]:
+        """Start the moves worth making now. `drain_s`: each engine's time to finish what it holds;
+        `cached`: the conversation tokens each engine's prefix cache holds (a move from a role that
+        prefills to one that does not strands them: the prefill engines rebuild them, a cost)."""
         cfg = self.config
+        if self.draining() or self.capacity.samples < cfg.min_samples or d.observed < cfg.min_observed * d.live:
+            return []
         cur = self.layout()
         cur_s = self.estimate(cur, d)
         n = cur.prefill + cur.decode + cur.mixed
@@ -232,8 +245,12 @@ class Allocator:
                     now_moves[i] = True
                 if not self._serves(gives, wants, drains, now_moves):
                     continue
-            # engine-seconds lost to draining and flipping
+            # engine-seconds lost to draining and flipping, and to rebuilding stranded prefix caches
             cost = sum((c if dr else 0.0) + cfg.switch_s for (c, _, _), dr in zip(gives, drains))
+            if cached:
+                rate = self.capacity.prefill_rate(d.mean_context)
+                cost += sum(cached.get(e, 0.0) / rate for (_, e, old), new in zip(gives, wants)
+                            if old.prefills and not new.prefills)
             share = 1.0 - new_s / cur_s if cur_s < INF else 1.0  # throughput share the new layout wins
             gain = share * n * cfg.payback_s  # engine-seconds won over the payback window
             if gain > (1.0 + cfg.margin) * cost and share >= cfg.min_gain:
@@ -244,7 +261,7 @@ class Allocator:
         if best is None:
             self._pending = None
             return []
-        target = tuple(sorted((m.engine, m.new.value) for m in best[1]))
+        target = best[2]  # the layout, not which engines: those follow drain times, which change
         self._pending = (target, self._pending[1] + 1 if self._pending and self._pending[0] == target else 1)
         if self._pending[1] < cfg.confirm and best[2] != self._heading:
             return []

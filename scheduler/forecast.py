@@ -122,6 +122,7 @@ class Demand:
     turns: float = 0.0  # turns expected to reach the engines (waiting + arriving)
     live: int = 0
     mean_response: float = 0.0  # tokens per response (a prefill engine never saw the last one)
+    observed: int = 0  # responses the forecaster has learned from so far (few: the forecast is mostly prior)
 
 
 @dataclass(slots=True)
@@ -278,7 +279,7 @@ class Forecaster:
                 weight *= 1.0 - self.end_prob(t.env, turn)
             resp += t.last_response
         d = Demand(h, p_back + p_arr, d_back + d_arr, seqs, ctx / n if n else 0.0, p_arr, d_arr, turns, n,
-                   resp / n if n else 0.0)
+                   resp / n if n else 0.0, self._resp_n)
         self._forecasts.append((now, h, p_arr, d_arr))
         return d
 

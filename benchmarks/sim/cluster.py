@@ -146,8 +146,11 @@ class Cluster:
         else:  # a vague prior (Capacity's defaults); the engine's memory and step budgets are configuration
             self.capacity = Capacity(kv_tokens=c.kv_capacity_tokens, chunk_tokens=c.step_tokens,
                                      rank_tokens=c.prefill_chunk_tokens)
+        # a measured capacity acts only after two refits of its step model (not on its vague prior)
         config = config or AllocatorConfig(switch_s=c.switch_s, response_kv_pushed=kv_push,
-                                           routing_only=c.routing_switch)
+                                           routing_only=c.routing_switch,
+                                           min_samples=0 if policy.true_cost else 2 * self.capacity.refit_every,
+                                           min_observed=0.5)
         measure = self._measure if self.guided and not policy.true_cost else None
         self._measured = 0
         self.gpus = {f"g{i:03d}": SimGPU(f"g{i:03d}", c, self.loop, self._prefilled, self._decoded, measure)
@@ -341,7 +344,7 @@ class Cluster:
         if self.policy.perfect:
             demand = self._true_demand(now, self.horizon_s)
         drain = {e: g.drain_s() for e, g in self.gpus.items()}
-        moves = self.allocator.allocate(demand, drain, now)
+        moves = self.allocator.allocate(demand, drain, now, {e: g._cache_total for e, g in self.gpus.items()})
         if moves:
             self.router.set_roles(self.allocator.roles())
             lay = self.allocator.layout()
@@ -385,7 +388,8 @@ class Cluster:
                 turns += 1
                 turn += 1
                 at += spec[turn].response * tau + spec[turn].latency_s
-        return Demand(h, p, dtok, seqs, ctx / n if n else 0.0, turns=turns, live=n, mean_response=resp / n if n else 0.0)
+        return Demand(h, p, dtok, seqs, ctx / n if n else 0.0, turns=turns, live=n, mean_response=resp / n if n else 0.0,
+                      observed=1 << 30)  # nothing to learn: it is the truth
 
     def _check_drained(self, gpu: SimGPU) -> None:
         st = self.allocator.engines[gpu.id]
