@@ -180,7 +180,7 @@ def main() -> None:
     for regime in dict.fromkeys(c["regime"] for c in cells):
         cs = [c for c in cells if c["regime"] == regime]
 
-        def col(key: str) -> str:
+        def col(key: str, cs: list[dict] = cs) -> str:
             xs = [c["summary"][key]["median"] for c in cs]
             return f"{statistics.median(xs):.2f}x ({min(xs):.2f}-{max(xs):.2f})"
 

@@ -228,8 +228,7 @@ class Cluster:
         if tr.turn == 0 and tr.ep.group is not None:  # a GRPO sibling may have prefilled the prompt here
             hit = max(hit, min(gpu.hit(tr.ep.group), tr.context - 1))
         if self.kv_push:  # another engine holds more of the conversation: pull it when cheaper than recompute
-            more, src = max(((min(self.gpus[e].hit(tid), tr.context - 1), e) for e in tr.engines if e != eid),
-                            default=(0, None))
+            more = max((min(self.gpus[e].hit(tid), tr.context - 1) for e in tr.engines if e != eid), default=0)
             extra = more - hit
             if extra > 0 and self.cost.transfer_time(extra) < extra / self.cost.prefill_tokens_per_s:
                 self.pushed += extra

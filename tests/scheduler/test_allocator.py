@@ -3,6 +3,7 @@ does not flap."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -193,3 +194,15 @@ def test_capacity_fit_recovers_measured_step_times():
     before = cap.prefill_rate()
     cap.observe_prefill(10_000, 1.0)  # a slow prefill timed end to end pulls the rate down a little
     assert 0.9 * before < cap.prefill_tok_s < before
+
+
+def test_nothing_moves_on_a_forecast_that_is_still_mostly_prior():
+    cfg = AllocatorConfig(confirm=1, min_observed=0.5, min_samples=64)
+    a = Allocator(IDS, additive(), cfg)
+    early = dataclasses.replace(PREFILL_HEAVY, observed=100)  # 100 responses seen, 1,000 live
+    assert a.allocate(early, {}, now=60.0) == []  # and the capacity fit has seen no step yet
+    a.capacity.refit_every = 1 << 30  # count the samples, keep the fit
+    for _ in range(64):
+        a.capacity.observe_step(64, 64 * 2048, 512, 0.02)
+    assert a.allocate(early, {}, now=60.0) == []
+    assert a.allocate(dataclasses.replace(PREFILL_HEAVY, observed=600), {}, now=60.0) != []
