@@ -59,9 +59,14 @@ class RoleAware:
         p = router.pick_prefill(tid, loads); d = router.pick_decode(tid, loads, p)
     """
 
-    def __init__(self, roles: Mapping[str, Role] | None = None, max_tracked: int = 100_000):
+    def __init__(self, roles: Mapping[str, Role] | None = None, max_tracked: int = 100_000,
+                 rebalance: float = 2.0, slack_tokens: int = 65_536):
         self.roles: dict[str, Role] = dict(roles or {})
         self._max = max_tracked
+        # Stickiness yields when the sticky engine holds more than `rebalance` times the least-loaded
+        # one's tokens plus `slack_tokens`: after a role change, conversations stuck to a few engines
+        # would otherwise keep the rest idle (the prefix is re-fetched or recomputed, once)
+        self.rebalance, self.slack = rebalance, slack_tokens
         self._prefill: dict[str, str] = {}  # trajectory -> engine; bounded, oldest dropped first
         self._decode: dict[str, str] = {}
 
@@ -73,11 +78,14 @@ class RoleAware:
 
     def pick_prefill(self, trajectory_id: str, loads: Mapping[str, int]) -> str:
         eid = self._prefill.get(trajectory_id)
-        if eid is not None and eid in loads and eid in self.roles and self.roles[eid].prefills:
+        sticky = eid is not None and eid in loads and eid in self.roles and self.roles[eid].prefills
+        if sticky and (not self.rebalance or loads[eid] <= self.slack):
             return eid
         able = [e for e in loads if e in self.roles and self.roles[e].prefills]
         if not able:
             raise NoEngine("no engine takes prefill")
+        if sticky and loads[eid] <= self.rebalance * min(loads[e] for e in able) + self.slack:
+            return eid
         return self._stick(self._prefill, trajectory_id, able, loads)
 
     def pick_decode(self, trajectory_id: str, loads: Mapping[str, int], prefilled_on: str) -> str:

@@ -53,3 +53,11 @@ def test_all_mixed_routes_like_sticky_least_loaded():
         if rng.random() < 0.1:
             r.forget(tid), s.forget(tid)
         assert r.pick(tid, loads) == s.pick(tid, loads)
+
+
+def test_stickiness_yields_to_a_much_less_loaded_engine():
+    r = RoleAware({"a": Role.mixed, "b": Role.mixed}, slack_tokens=1000)
+    assert r.pick_prefill("t", {"a": 0, "b": 10}) == "a"
+    assert r.pick_prefill("t", {"a": 1500, "b": 600}) == "a"  # within 2x + slack: keep the cached prefix
+    assert r.pick_prefill("t", {"a": 50_000, "b": 600}) == "b"  # far busier: move, once
+    assert r.pick_prefill("t", {"a": 0, "b": 900}) == "b"
