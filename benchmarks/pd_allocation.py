@@ -25,6 +25,7 @@ writes the JSON, a text table and a plot (`--table`, `--plot`).
     python benchmarks/pd_allocation.py --quick          # one seed; dense at 8 GPUs, MoE at 32
     python benchmarks/pd_allocation.py                  # 3 seeds, the grid of docs/results/pd_allocation.txt
     python benchmarks/pd_allocation.py --models llama3-8b-tp1 --gpus 8 --modes sync --workloads swe --seeds 0
+    python benchmarks/pd_allocation.py --render a.json,b.json --table t.txt --plot p.png   # runs done in parts
 """
 
 from __future__ import annotations
@@ -139,7 +140,12 @@ def main() -> None:
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "pd_allocation.json"))
     ap.add_argument("--table", default="", help="also write the printed table here")
     ap.add_argument("--plot", default="", help="write a plot of speedup by regime here (matplotlib)")
+    ap.add_argument("--render", default="", help="comma list of JSON files this script wrote: print their "
+                    "cells and summary together (and --table, --plot, --out) without running anything")
     args = ap.parse_args()
+    if args.render:
+        render(args)
+        return
     costs = {m: PRESETS[m]() for m in args.models.split(",")}
     if args.restart_switch:
         costs = {m: c.restart_switch() for m, c in costs.items()}
@@ -163,18 +169,59 @@ def main() -> None:
             runs = [run_seed(workload, mode, engines, s, cost, args.scale) for s in seeds]
             cell = {"model": model, "regime": REGIME.get(model, model), "workload": workload, "mode": mode,
                     "gpus": gpus, "engines": engines, "seeds": runs}
-            cell["summary"] = s = summarize(cell)
+            cell["summary"] = summarize(cell)
             cells.append(cell)
-            say(f"{model} {workload:6s} {mode:5s} {gpus:3d} GPUs ({runs[0]['trajectories']:5d} traj): "
-                f"guided/colocated {fmt(s['guided/colocated'])}  /best-static {fmt(s['guided/best-static'])} "
-                f"({runs[0]['best_static']})  /oracle {fmt(s['guided/oracle'])}  "
-                f"best-static/colocated {fmt(s['best-static/colocated'])}  "
-                f"perfect-forecast/colocated {fmt(s['perfect/colocated'])}  "
-                f"tuned-colocated/colocated {fmt(spread([r['colocated_s'] / r['colocated_tuned_s'] for r in runs]))}  "
-                f"moves {s['guided moves']['median']:.0f}  WAPE prefill {fmt(s['prefill WAPE'], True)} "
-                f"decode {fmt(s['decode WAPE'], True)}")
+            say(line(cell))
     wall = time.perf_counter() - t0
+    report(cells, seeds, wall, say)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"args": vars(args), "cost": {m: c.describe() for m, c in costs.items()},
+                               "wall_s": wall, "cells": cells}, indent=1))
+    if args.table:
+        Path(args.table).write_text("\n".join(lines) + "\n")
+    if args.plot:
+        plot(cells, args.plot)
 
+
+def line(cell: dict) -> str:
+    s, runs = cell["summary"], cell["seeds"]
+    best = max({r["best_static"] for r in runs}, key=[r["best_static"] for r in runs].count)
+    return (f"{cell['model']} {cell['workload']:6s} {cell['mode']:5s} {cell['gpus']:3d} GPUs "
+            f"({runs[0]['trajectories']:5d} traj): "
+            f"guided/colocated {fmt(s['guided/colocated'])}  /best-static {fmt(s['guided/best-static'])} "
+            f"({best})  /oracle {fmt(s['guided/oracle'])}  "
+            f"best-static/colocated {fmt(s['best-static/colocated'])}  "
+            f"perfect-forecast/colocated {fmt(s['perfect/colocated'])}  "
+            f"tuned-colocated/colocated {fmt(spread([r['colocated_s'] / r['colocated_tuned_s'] for r in runs]))}  "
+            f"moves {s['guided moves']['median']:.0f}  WAPE prefill {fmt(s['prefill WAPE'], True)} "
+            f"decode {fmt(s['decode WAPE'], True)}")
+
+
+def render(args: argparse.Namespace) -> None:
+    runs = [json.loads(Path(f).read_text()) for f in args.render.split(",")]
+    cells = [c for r in runs for c in r["cells"]]
+    lines: list[str] = []
+
+    def say(s: str) -> None:
+        print(s, flush=True)
+        lines.append(s)
+
+    for c in cells:
+        say(line(c))
+    seeds = sorted({r["seed"] for c in cells for r in c["seeds"]})
+    report(cells, seeds, sum(r["wall_s"] for r in runs), say)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"parts": [r["args"] for r in runs],
+                                              "cost": {k: v for r in runs for k, v in r["cost"].items()},
+                                              "wall_s": sum(r["wall_s"] for r in runs), "cells": cells}, indent=1))
+    if args.table:
+        Path(args.table).write_text("\n".join(lines) + "\n")
+    if args.plot:
+        plot(cells, args.plot)
+
+
+def report(cells: list[dict], seeds: list[int], wall: float, say) -> None:
     say("")
     say("per regime (medians of the per-cell medians; range over cells):")
     for regime in dict.fromkeys(c["regime"] for c in cells):
@@ -193,15 +240,6 @@ def main() -> None:
     say(f"all {len(cells)} cells: guided/colocated {min(xs):.2f}-{max(xs):.2f}x (geomean {geomean(xs):.2f}x); "
         f"published reference for this design: 1.11-4.05x over colocation")
     say(f"seeds {seeds}; wall time {wall:.0f}s")
-
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "cost": {m: c.describe() for m, c in costs.items()},
-                               "wall_s": wall, "cells": cells}, indent=1))
-    if args.table:
-        Path(args.table).write_text("\n".join(lines) + "\n")
-    if args.plot:
-        plot(cells, args.plot)
 
 
 def plot(cells: list[dict], path: str) -> None:
