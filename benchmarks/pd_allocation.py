@@ -176,12 +176,18 @@ def main() -> None:
     report(cells, seeds, wall, say)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "cost": {m: c.describe() for m, c in costs.items()},
+    out.write_text(json.dumps({"args": _args(args), "cost": {m: c.describe() for m, c in costs.items()},
                                "wall_s": wall, "cells": cells}, indent=1))
     if args.table:
         Path(args.table).write_text("\n".join(lines) + "\n")
     if args.plot:
         plot(cells, args.plot)
+
+
+def _args(args: argparse.Namespace | dict) -> dict:
+    """What the JSON records of a run's arguments: not where its files went (machine paths)."""
+    d = args if isinstance(args, dict) else vars(args)
+    return {k: v for k, v in d.items() if k not in ("out", "table", "plot", "render")}
 
 
 def line(cell: dict) -> str:
@@ -212,7 +218,7 @@ def render(args: argparse.Namespace) -> None:
     seeds = sorted({r["seed"] for c in cells for r in c["seeds"]})
     report(cells, seeds, sum(r["wall_s"] for r in runs), say)
     if args.out:
-        Path(args.out).write_text(json.dumps({"parts": [r["args"] for r in runs],
+        Path(args.out).write_text(json.dumps({"parts": [_args(r["args"]) for r in runs],
                                               "cost": {k: v for r in runs for k, v in r["cost"].items()},
                                               "wall_s": sum(r["wall_s"] for r in runs), "cells": cells}, indent=1))
     if args.table:
