@@ -15,6 +15,7 @@ with `'Function' object has no attribute '_nodeid'`.
 from __future__ import annotations
 
 import copy
+import uuid
 
 import httpx
 import pytest
@@ -32,13 +33,16 @@ def live(request):
     from rollout_service.config import Settings
     from tests.conftest import REDIS_URL
 
-    settings = Settings(redis_url=REDIS_URL, key_prefix="rsfuzz:", sse_block_ms=100)
+    # A prefix of this run's own: another run on the same Redis must neither see our engines and
+    # batches nor lose its own to our cleanup.
+    prefix = f"rsfuzz:{uuid.uuid4().hex[:8]}:"
+    settings = Settings(redis_url=REDIS_URL, key_prefix=prefix, sse_block_ms=100)
     with LiveServer(create_app(settings)) as srv:
         yield srv
     import redis
 
     r = redis.Redis.from_url(REDIS_URL)
-    keys = list(r.scan_iter(match="rsfuzz:*", count=1000))
+    keys = list(r.scan_iter(match=f"{prefix}*", count=1000))
     if keys:
         r.delete(*keys)
 
