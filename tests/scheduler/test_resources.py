@@ -75,7 +75,7 @@ def test_wait_at_the_cap_is_bounded(pools):
         t0 = time.monotonic()
         with pytest.raises(ResourceExhausted, match="in use"):
             small.acquire("t2", SPEC)
-        assert 0.25 < time.monotonic() - t0 < 2.0
+        assert 0.25 < time.monotonic() - t0 < 10.0  # waited its 0.3 s, then gave up (generous: a loaded machine)
     finally:
         small.close()
 
