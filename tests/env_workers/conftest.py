@@ -37,7 +37,8 @@ def docker_env(tmp_path_factory):
     try:
         yield client, podman.ensure_image(client), made
         for c in client.containers.list(all=True, filters={"label": LABEL}):
-            c.remove(force=True)  # anything a failed test left behind
+            if c.id in made:  # only ours: another run on this machine shares podman's storage
+                c.remove(force=True)  # anything a failed test left behind
     finally:
         client.close()
         if service:
