@@ -39,9 +39,8 @@ def _url(args) -> str:
 def cmd_gateway(args) -> None:
     import uvicorn
 
-    from rollout_service.app import create_app
-
     from rollout_service import logs
+    from rollout_service.app import create_app
 
     logs.configure("gateway")
     s = Settings.from_env(host=args.host, port=args.port)
@@ -56,18 +55,21 @@ def cmd_worker(args) -> None:
     from scheduler.keys import Keys
     from scheduler.queue import Queue
     from scheduler.registry import Registry
+    from scheduler.router import make_policy
     from scheduler.store import Store
 
     s = Settings.from_env()
     from rollout_service import logs
 
     logs.configure("worker")
+    policy = make_policy(s.routing)  # an unknown name fails here, at start
 
     async def main() -> None:
         r = connect(s.redis_url)
         keys = Keys(s.key_prefix)
         reg = Registry(r, keys)
-        worker = Worker(Queue(r, keys, s.lease_s, s.max_attempts, s.max_restarts), Store(r, keys), Fleet(registry=reg),
+        worker = Worker(Queue(r, keys, s.lease_s, s.max_attempts, s.max_restarts), Store(r, keys),
+                        Fleet(registry=reg, policy=policy),
                         RemoteEnvs(reg.pick_worker), concurrency=args.concurrency or s.worker_concurrency,
                         registry=reg, worker_id=args.id, release_on_start=args.id is not None)
         stop = asyncio.Event()
@@ -105,13 +107,22 @@ def cmd_allocator(args) -> None:
 
 
 def cmd_env_worker(args) -> None:
+    from env_workers.envs import judge
+    from env_workers.resources import PoolSize
     from env_workers.server import serve
 
-    from scheduler.resources import PoolSize
-
     s = Settings.from_env()
-    serve(args.host, args.port, s.redis_url, s.key_prefix, args.id, args.advertise,
-          PoolSize(warm=s.sandbox_warm, cap=s.sandbox_cap, wait_s=s.sandbox_wait_s), args.judge_prefix)
+    registrar = None
+    if s.redis_url:  # the env worker announces itself through the registry: the one place that knows its keys
+        from scheduler.connection import connect
+        from scheduler.keys import Keys
+        from scheduler.registry import Registry
+
+        registrar = Registry(connect(s.redis_url), Keys(s.key_prefix))
+    if args.judge_url:
+        judge.configure(judge.OpenAIJudge(args.judge_url, args.judge_model))
+    serve(args.host, args.port, registrar, args.id, args.advertise,
+          PoolSize(warm=s.sandbox_warm, cap=s.sandbox_cap, wait_s=s.sandbox_wait_s))
 
 
 def cmd_sim_engine(args) -> None:
@@ -266,7 +277,7 @@ def _fleet_table(c) -> None:
 
 
 def _status_table(rows, raw: bool = False) -> None:
-    from rollout_service.protocol import BatchStatus
+    from wire import BatchStatus
 
     table = Table("batch", "env", "state", "done", "total", "queued", "running", "failed")
     for row in rows:
@@ -381,8 +392,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--id", default=None, help="worker id in the registry (default env-HOST-PORT)")
     sp.add_argument("--advertise", default=None,
                     help="URL rollout workers use to reach this worker (default http://HOST:PORT)")
-    sp.add_argument("--judge-prefix", default=None,
-                    help="Redis key prefix of the engines the `judge` env asks (default: the service's own)")
+    sp.add_argument("--judge-url", default=os.environ.get("ROLLOUT_JUDGE_URL"),
+                    help="OpenAI-compatible base URL the `judge` env asks, e.g. http://vllm:8000/v1 "
+                         "(default $ROLLOUT_JUDGE_URL; none: the judge env is unavailable)")
+    sp.add_argument("--judge-model", default=os.environ.get("ROLLOUT_JUDGE_MODEL", "default"),
+                    help="model name sent to --judge-url (default $ROLLOUT_JUDGE_MODEL or 'default')")
     sp.set_defaults(fn=cmd_env_worker)
 
     sp = sub.add_parser("sim-engine", help="serve the simulated engine over vLLM's completions API")

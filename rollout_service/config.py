@@ -16,6 +16,7 @@ class Settings:
     max_attempts: int = 3  # per trajectory, counting the first
     max_restarts: int = 20  # episodes lost to our faults (a peer died, Redis away): uncharged; stops poison work
     worker_concurrency: int = 32  # trajectories in flight per worker process
+    routing: str = "role_aware"  # routing policy (scheduler.router.POLICIES): role_aware | sticky
     max_request_bytes: int = 32 * 1024 * 1024
     max_trajectories_per_batch: int = 10_000  # tasks × group_size of one request
     max_task_bytes: int = 64 * 1024  # one task's JSON; Redis stores it once per trajectory, so × group_size

@@ -26,20 +26,6 @@ from scheduler.roles import EngineRole, Role
 
 log = logging.getLogger(__name__)
 
-# Fields a worker reports under "forecast:" (see rollout_service.worker), summed here.
-DEMAND_FIELDS = ("prefill_tokens", "decode_tokens", "decode_seqs", "context_tokens", "turns", "live",
-                 "response_tokens")
-
-
-def demand_from(report: dict[str, int], horizon_s: float) -> Demand:
-    """The cluster's demand: sums of the workers' forecasts; means weighted by live count."""
-    f = {k: float(report.get(f"forecast:{k}", 0)) for k in DEMAND_FIELDS}
-    live = max(f["live"], 1.0)
-    return Demand(horizon_s=horizon_s, prefill_tokens=f["prefill_tokens"], decode_tokens=f["decode_tokens"],
-                  decode_seqs=f["decode_seqs"], mean_context=f["context_tokens"] / live, turns=f["turns"],
-                  live=int(f["live"]), mean_response=f["response_tokens"] / live)
-
-
 class PDController:
     def __init__(self, registry: Registry, capacity: Capacity | None = None, config: AllocatorConfig | None = None,
                  horizon_s: float = 10.0, drain_tok_s: float = 2_000.0, clock: Callable[[], float] = time.monotonic):
@@ -73,7 +59,7 @@ class PDController:
                 role = a.drained(eid, now)
                 await self.registry.set_role(eid, role.value)
                 log.info("engine switched role", extra={"engine": eid, "role": role.value})
-        d = demand_from(await self.registry.phases(), self.horizon_s)
+        d = Demand.from_report(await self.registry.phases(), self.horizon_s)
         moves = a.allocate(d, {e: tokens / self.drain_tok_s for e, (tokens, _) in loads.items()}, now)
         for m in moves:
             await self.registry.set_role(m.engine, "draining")

@@ -1,7 +1,9 @@
 """Who is out there: engines and env workers, registered in Redis.
 
 Engines are registered by an operator (API/CLI) and stay until removed. Env workers
-register themselves and heartbeat a short-TTL key; one without a live key is ignored.
+register themselves and heartbeat a short-TTL key (`announce_worker`, the env worker's
+`Registrar` interface); one without a live key is ignored. This module is the one place that
+knows how engines and workers are stored.
 """
 
 from __future__ import annotations
@@ -10,11 +12,14 @@ import random
 
 import redis.asyncio as aioredis
 
-from rollout_service.protocol import EngineInfo, WorkerInfo
+from scheduler.connection import UNAVAILABLE
 from scheduler.keys import Keys
+from wire import EngineInfo, WorkerInfo
 
 
 class Registry:
+    unavailable = UNAVAILABLE  # what a caller riding out a Redis outage retries on
+
     def __init__(self, redis: aioredis.Redis, keys: Keys | None = None):
         self.r = redis
         self.k = keys or Keys()
@@ -91,6 +96,22 @@ class Registry:
             pipe.exists(self.k.engine_down(eid))
         got = await pipe.execute()
         return {eid: (sum(int(v) for v in got[2 * i]), not got[2 * i + 1]) for i, eid in enumerate(engine_ids)}
+
+    async def announce_worker(self, info: WorkerInfo, pools: dict[str, int], ttl_s: int = 10) -> None:
+        """An env worker's heartbeat: its registration (rewritten every beat, so a flushed Redis
+        has it back within one), a live key and its pool use ({kind}:{state} -> n), for `ttl_s`."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hset(self.k.workers, info.id, info.model_dump_json())
+        pipe.set(self.k.worker_alive(info.id), "1", ex=ttl_s)
+        pipe.delete(self.k.worker_pools(info.id))
+        if pools:
+            pipe.hset(self.k.worker_pools(info.id), mapping=pools)
+        pipe.expire(self.k.worker_pools(info.id), ttl_s)
+        await pipe.execute()
+
+    async def withdraw_worker(self, worker_id: str) -> None:
+        await self.r.hdel(self.k.workers, worker_id)
+        await self.r.delete(self.k.worker_alive(worker_id))
 
     async def workers(self) -> list[WorkerInfo]:
         infos = [WorkerInfo.model_validate_json(v) for v in (await self.r.hgetall(self.k.workers)).values()]

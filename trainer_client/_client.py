@@ -25,7 +25,8 @@ from typing import Any
 
 import httpx
 
-from rollout_service.protocol import (
+from trainer_client._errors import APIError, NotFoundError, TransportError, WeightUpdateError
+from wire import (
     BatchCreated,
     BatchStatus,
     GroupStatus,
@@ -37,7 +38,6 @@ from rollout_service.protocol import (
     WeightUpdate,
     WeightUpdateResult,
 )
-from trainer_client._errors import APIError, NotFoundError, TransportError, WeightUpdateError
 
 _RETRY_STATUS = frozenset({502, 503, 504})  # a gateway or its Redis restarting
 
@@ -217,7 +217,7 @@ class RolloutClient(_Base):
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             st = self.status(batch_id)
-            if st.state.value in ("completed", "cancelled") and st.finished_at is not None:
+            if st.state.terminal and st.finished_at is not None:
                 return st
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"batch {batch_id} not done after {timeout}s")
@@ -337,7 +337,7 @@ class AsyncRolloutClient(_Base):
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             st = await self.status(batch_id)
-            if st.state.value in ("completed", "cancelled") and st.finished_at is not None:
+            if st.state.terminal and st.finished_at is not None:
                 return st
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"batch {batch_id} not done after {timeout}s")

@@ -21,9 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from env_workers.env import SandboxUnavailable
+from env_workers.resources import Claims, Pools, PoolSize, ResourceError, ResourceKind, Scope
 from env_workers.sandbox.base import ExecResult, Limits, Sandbox, SandboxError
 from env_workers.tools import Toolbox, ToolFailure, ToolResult
-from scheduler.resources import Claims, PoolSize, Pools, ResourceError, ResourceKind, Scope
 
 _BACKENDS: dict[str, Callable[[Limits], Sandbox]] = {}
 

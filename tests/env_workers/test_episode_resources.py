@@ -12,8 +12,8 @@ from env_workers import registry
 from env_workers.checker import check_env
 from env_workers.client import LocalEnvs, RemoteEnvs, SandboxUnavailable
 from env_workers.envs import code, swe
+from env_workers.resources import Pools, PoolSize
 from env_workers.server import create_app
-from scheduler.resources import PoolSize, Pools
 from tests.conftest import LiveServer
 
 BASH = "```bash\necho hi > f && cat f\n```"

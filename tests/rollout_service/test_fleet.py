@@ -13,12 +13,12 @@ import pytest
 
 from env_workers.client import LocalEnvs
 from rollout_service.engines.fleet import Fleet
-from rollout_service.protocol import EngineInfo, RolloutRequest
 from rollout_service.rollout import run_episode
 from scheduler.registry import Registry
 from scheduler.router import StickyLeastLoaded
 from scheduler.store import Work
 from tests.conftest import free_port
+from wire import EngineInfo, RolloutRequest
 
 
 def start_sim(time_scale: float) -> tuple[subprocess.Popen, str]:

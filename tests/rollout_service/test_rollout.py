@@ -10,10 +10,10 @@ from env_workers.client import LocalEnvs
 from rollout_service.engines.base import EngineError
 from rollout_service.engines.fleet import Fleet
 from rollout_service.engines.sim import SimEngine
-from rollout_service.protocol import FailureKind, RolloutRequest, SamplingParams, TrajectoryState
 from rollout_service.rollout import run_episode
 from rollout_service.tokens import ByteTokenizer
 from scheduler.store import Work
+from wire import FailureKind, RolloutRequest, SamplingParams, TrajectoryState
 
 TOK = ByteTokenizer()
 
@@ -120,7 +120,7 @@ class ThinkStripping(ByteTokenizer):
     def render(self, messages, add_generation_prompt):
         import re
 
-        from rollout_service.protocol import Message
+        from wire import Message
 
         last_asst = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=-1)
         kept = [Message(role=m.role, content=re.sub(r"<think>.*?</think>", "", m.content, flags=re.S))
@@ -161,7 +161,7 @@ class NoSandbox:
     """An environment whose sandbox cannot be had."""
 
     def reset(self, task, seed=None):
-        from rollout_service.protocol import Message
+        from wire import Message
 
         return [Message(role="user", content="run it")], {}
 
@@ -188,13 +188,13 @@ class SlowTool:
     """A tool call that times out: the model reads it as text, the turn records its kind."""
 
     def reset(self, task, seed=None):
-        from rollout_service.protocol import Message
+        from wire import Message
 
         return [Message(role="user", content="run it")], {}
 
     def step(self, action):
         from env_workers.env import StepResult
-        from rollout_service.protocol import Message
+        from wire import Message
 
         return StepResult([Message(role="user", content="[timed out after 10s]")], 0.0, False, False,
                           {"tool_failure": "timeout"})

@@ -8,10 +8,10 @@ import time
 
 from rollout_service.engines.base import EngineError
 from rollout_service.engines.sim import SimEngine
-from rollout_service.protocol import FailureKind, RolloutRequest, TrajectoryState
 from scheduler.queue import Queue
 from scheduler.store import Store
 from tests.conftest import RunningWorker
+from wire import FailureKind, RolloutRequest, TrajectoryState
 
 
 async def wait_done(store: Store, bid: str, timeout: float = 30.0):

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from rollout_service.engines.fleet import Fleet
 from rollout_service.engines.sim import SimEngine
-from rollout_service.protocol import EngineInfo
 from scheduler.allocator import AllocatorConfig, Capacity
-from scheduler.pd_control import PDController, demand_from
+from scheduler.forecast import Demand
+from scheduler.pd_control import PDController
 from scheduler.registry import Registry
+from wire import EngineInfo
 
 IDS = [f"e{i}" for i in range(8)]
 PREFILL_HEAVY = {"forecast:prefill_tokens": 2_000_000, "forecast:decode_tokens": 64_000, "forecast:decode_seqs": 64,
@@ -21,7 +22,7 @@ def additive() -> Capacity:
 
 
 def test_demand_sums_workers_and_weights_means():
-    d = demand_from({**PREFILL_HEAVY, "forecast:live": 32, "forecast:context_tokens": 64_000}, 10.0)
+    d = Demand.from_report({**PREFILL_HEAVY, "forecast:live": 32, "forecast:context_tokens": 64_000}, 10.0)
     assert d.prefill_tokens == 2_000_000 and d.live == 32 and d.mean_context == 2000.0
 
 
@@ -43,7 +44,7 @@ async def test_controller_drains_then_switches_and_routers_follow(redis, keys):
     fleet = Fleet({eid: (SimEngine(eid), "byte") for eid in IDS}, registry=reg, refresh_s=0)
     await fleet.refresh(force=True)
     for i in range(20):  # new trajectories never land on a draining engine
-        assert fleet._pick(f"t{i}", fleet._available("byte"))[0] not in moving
+        assert fleet.policy.route(f"t{i}", fleet._available("byte"), fleet.roles)[0] not in moving
 
     now[0] += 5
     await ctl.step()  # nothing in flight on them: the drain completes
@@ -52,7 +53,7 @@ async def test_controller_drains_then_switches_and_routers_follow(redis, keys):
     await fleet.refresh(force=True)
     loads = fleet._available("byte")
     for i in range(20):  # prefill-only engines never decode
-        assert fleet._pick(f"u{i}", loads)[1] not in moving
+        assert fleet.policy.route(f"u{i}", loads, fleet.roles)[1] not in moving
     # a prefill on a prefill-only engine hands its decode to another engine
-    assert fleet.policy.pick_decode("fresh", loads, prefilled_on=moving[0]) not in moving
+    assert fleet.policy.pick_decode("fresh", loads, moving[0], fleet.roles) not in moving
     await fleet.aclose()

@@ -9,10 +9,19 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from env_workers.resources import (
+    IllegalTransition,
+    Pools,
+    PoolSize,
+    Resource,
+    ResourceExhausted,
+    ResourceFailed,
+    ResourceKind,
+    ResourceState,
+    Scope,
+)
 from env_workers.sandbox import Limits, bwrap
 from env_workers.sandbox.pool import SandboxSpec
-from scheduler.resources import (IllegalTransition, PoolSize, Pools, Resource, ResourceExhausted, ResourceFailed,
-                                 ResourceKind, ResourceState, Scope)
 
 SPEC = SandboxSpec(Limits(timeout_s=5.0))
 OTHER = SandboxSpec(Limits(timeout_s=5.0, memory_mb=512))
