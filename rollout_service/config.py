@@ -25,6 +25,9 @@ class Settings:
     sandbox_warm: int = 2  # env worker: idle sandboxes kept ready per spec
     sandbox_cap: int = 64  # env worker: most sandboxes of one spec alive at once
     sandbox_wait_s: float = 30.0  # env worker: longest wait for a sandbox at the cap, then a clear error
+    sandbox_backend: str = "bwrap"  # env worker: env_workers.sandbox.backends.BACKENDS, for specs naming none
+    sandbox_docker_url: str = ""  # docker backend: Docker API URL ("" = the environment's DOCKER_HOST or socket)
+    sandbox_image: str = ""  # docker backend: the image every sandbox container runs
     auth: bool = False  # on by itself when admin_key is set
     admin_key: str = ""  # bootstrap admin key, registered (hashed) at gateway start
 

@@ -49,7 +49,7 @@ K8S_VERSIONS = ["1.30.0", "1.37.0"]  # oldest we support, newest the package shi
 def allowed_env() -> set[str]:
     """`ROLLOUT_*` names the code reads: Settings fields plus the CLI's own (URL, API key)."""
     names = {f"ROLLOUT_{f.upper()}" for f in Settings.__dataclass_fields__}
-    cli_src = (ROOT / "rollout_service" / "cli.py").read_text()
+    cli_src = "".join(f.read_text() for f in sorted((ROOT / "rollout_service" / "cli").glob("*.py")))
     return names | set(re.findall(r'os\.environ\.get\("(ROLLOUT_\w+)"', cli_src))
 
 
