@@ -37,7 +37,6 @@ from wire import Failure, FailureKind, Trajectory, TrajectoryState
 
 log = logging.getLogger(__name__)
 
-RETRYABLE = frozenset({FailureKind.engine, FailureKind.env, FailureKind.sandbox, FailureKind.internal})
 # Lost peers: the episode restarts, uncharged (see the module docstring).
 LOST = (EngineLost, EnvWorkerLost, *UNAVAILABLE)
 
@@ -211,7 +210,7 @@ class Worker:
         except Exception as e:
             log.exception("episode crashed", extra={"trajectory_id": claim.trajectory_id})
             traj = _failed_stub(claim, FailureKind.internal, f"episode crashed: {e!r}", work)
-        if (traj.state is TrajectoryState.failed and traj.failure and traj.failure.kind in RETRYABLE
+        if (traj.state is TrajectoryState.failed and traj.failure and traj.failure.kind.retryable
                 and claim.attempt < self.queue.max_attempts):
             log.info("retrying after an infrastructure failure", extra={
                 "trajectory_id": claim.trajectory_id, "batch_id": traj.batch_id, "attempt": claim.attempt,

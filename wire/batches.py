@@ -71,6 +71,12 @@ class FailureKind(str, Enum):
         it out of the loss). Cancelled is the caller's choice and rejected the task's own fault."""
         return self not in (FailureKind.cancelled, FailureKind.rejected)
 
+    @property
+    def retryable(self) -> bool:
+        """Worth another attempt (charged, within `max_attempts`): an infrastructure failure,
+        except a deadline that ran out, which would run out again."""
+        return self.infrastructure and self is not FailureKind.timeout
+
 
 class SamplingParams(Input):
     temperature: float = Field(1.0, ge=0.0, le=10.0)
@@ -143,11 +149,6 @@ class Sample(Wire):
 class Failure(Wire):
     kind: FailureKind
     message: str
-
-    @property
-    def maskable(self) -> bool:
-        """Mask this trajectory out of the loss rather than learn from it (our fault, not the policy's)."""
-        return self.kind.infrastructure
 
 
 class Trajectory(Wire):

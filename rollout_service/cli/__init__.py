@@ -153,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("engine_url", nargs="?", help="engine URL (add), or the role (role)")
     sp.add_argument("--model", default="default", help="served model name (add)")
     sp.add_argument("--tokenizer", default="byte", help="'byte' or a local tokenizer folder (add)")
+    sp.add_argument("--kind", default="vllm", help="engine kind: which client speaks to it (add; default vllm)")
 
     client_cmd("workers", "list live env workers", cmd_workers)
 

@@ -156,7 +156,7 @@ def cmd_cancel(args) -> None:
 def cmd_engines(args) -> None:
     with _client(args) as c:
         if args.action == "add":
-            c.register_engine(args.id, args.engine_url, model=args.model, tokenizer=args.tokenizer)
+            c.register_engine(args.id, args.engine_url, model=args.model, tokenizer=args.tokenizer, kind=args.kind)
         elif args.action == "rm":
             c.deregister_engine(args.id)
         elif args.action == "role":

@@ -96,9 +96,7 @@ async def test_engine_failure_is_data_with_kind_engine():
 async def test_bad_task_is_a_rejected_failure_never_retried():
     traj = await run_episode(work(env="math", task={"nothing": 1}), fleet(SimEngine()), LocalEnvs())
     assert traj.failure.kind is FailureKind.rejected and "bad math task" in traj.failure.message
-    from rollout_service.worker import RETRYABLE
-
-    assert FailureKind.rejected not in RETRYABLE and not traj.failure.kind.infrastructure
+    assert not traj.failure.kind.retryable and not traj.failure.kind.infrastructure
 
 
 async def test_deadline_is_a_timeout_failure():
@@ -181,7 +179,7 @@ async def test_sandbox_trouble_is_a_sandbox_failure():
         register(EnvSpec("no_sandbox", NoSandbox, "test: sandbox never available", example_tasks=[{}]))
     traj = await run_episode(work(env="no_sandbox", task={}), fleet(SimEngine()), LocalEnvs())
     assert traj.state is TrajectoryState.failed and traj.failure.kind is FailureKind.sandbox
-    assert "pool exhausted" in traj.failure.message and traj.failure.maskable
+    assert "pool exhausted" in traj.failure.message and traj.failure.kind.infrastructure
 
 
 class SlowTool:
