@@ -16,7 +16,7 @@ and writes JSON.
     python benchmarks/sandbox.py --n 40 --backends bwrap,docker --concurrency 1,8,32
 
 The docker backend uses ROLLOUT_DOCKER_URL if set, else starts podman's Docker API service
-for the run (see env_workers/sandbox/podman.py).
+for the run (see rollout_service/local/podman.py).
 """
 
 from __future__ import annotations
@@ -164,8 +164,8 @@ def main() -> None:
             elif backend == "docker":
                 import docker
 
-                from env_workers.sandbox import podman
                 from env_workers.sandbox.docker import DockerSandbox
+                from rollout_service.local import podman
 
                 url = os.environ.get("ROLLOUT_DOCKER_URL")
                 if not url:

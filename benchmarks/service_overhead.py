@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 
 from env_workers.client import LocalEnvs
-from rollout_service.engines import vllm_local
 from rollout_service.engines.fleet import Fleet
 from rollout_service.engines.vllm import VLLMEngine
+from rollout_service.local import vllm_local
 from rollout_service.rollout import run_episode
 from scheduler.store import Work
 from trainer_client import RolloutClient

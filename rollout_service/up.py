@@ -228,7 +228,7 @@ def run(args, console) -> None:
         engine_url, model, tokenizer = args.engine_url, args.model, args.tokenizer
         kind = "external" if engine_url else _engine_kind(args.engine, console)
         if kind == "vllm":
-            from rollout_service.engines import vllm_local
+            from rollout_service.local import vllm_local
 
             eport = free_port()
             mdir = vllm_local.model_dir(args.vllm_model)
@@ -276,7 +276,7 @@ def _engine_kind(choice: str, console) -> str:
     """auto: vLLM when `rollout engine prepare` has built it here, else the simulated engine."""
     if choice != "auto":
         return choice
-    from rollout_service.engines import vllm_local
+    from rollout_service.local import vllm_local
 
     if vllm_local.is_prepared("smollm2"):
         return "vllm"

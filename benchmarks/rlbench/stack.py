@@ -120,7 +120,7 @@ class GradingStack:
             self.sup.add(Child(f"{role} engine (simulated)", argv, env, f"{url}/health",
                                log=self.cfg.logs / f"{role}-engine.log"))
             return url, role, "byte"
-        from rollout_service.engines import vllm_local
+        from rollout_service.local import vllm_local
 
         argv, venv = vllm_local.serve_command(self.cfg.base_model, port, role)
         self.sup.add(Child(f"{role} engine (vLLM, base model)", argv, {**env, **venv}, f"{url}/health",

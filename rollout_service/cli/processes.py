@@ -117,7 +117,7 @@ def cmd_up(args) -> None:
 
 
 def cmd_engine(args) -> None:
-    from rollout_service.engines import vllm_local
+    from rollout_service.local import vllm_local
 
     def progress(line: str) -> None:
         console.print(f"  [dim]{line.rstrip()}[/]", highlight=False)
