@@ -175,7 +175,7 @@ class Worker:
         except UNAVAILABLE as e:  # Redis went away between claim and load: not the trajectory's fault
             await self._restart(claim, f"cannot load: {e!r}")
             return
-        except Exception:  # unreadable spec: record it, never loop on it
+        except Exception as e:  # unreadable spec: record it, never loop on it
             log.exception("cannot load trajectory", extra={"trajectory_id": claim.trajectory_id})
             await self._write(claim, "complete", lambda: self.queue.complete(
                 claim, _failed_stub(claim, FailureKind.internal, f"cannot load: {e!r}")))

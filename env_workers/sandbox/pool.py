@@ -17,13 +17,14 @@ worker was configured with (`env_workers/sandbox/backends.py`).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from env_workers.env import SandboxUnavailable
 from env_workers.resources import Claims, Pools, PoolSize, ResourceError, ResourceKind, Scope
+from env_workers.sandbox import backends
 from env_workers.sandbox.base import ExecResult, Limits, Sandbox, SandboxError
 from env_workers.tools import Toolbox, ToolFailure, ToolResult
+
 
 @dataclass(slots=True)
 class Box:

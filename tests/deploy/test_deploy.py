@@ -135,6 +135,13 @@ def test_dockerfile_copies_exist_and_are_not_ignored():
             f"COPY {src} is excluded by Dockerfile.dockerignore"
 
 
+def test_dockerfile_copies_every_package_pyproject_installs():
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = {pattern.rstrip("*") for pattern in include}
+    sources = {src for srcs, _ in copies(dockerfile()) for src in srcs}
+    assert packages <= sources, f"the image would install without {sorted(packages - sources)}"
+
+
 def test_dockerfile_entrypoint_extras_user_and_healthcheck():
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     stage = dict(last_stage())

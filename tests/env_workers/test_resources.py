@@ -115,8 +115,7 @@ def test_trajectory_scope_is_destroyed_at_release(pools):
 def test_global_scope_is_reset_and_reused(pools):
     box = pools.acquire("t1", SHARED)
     box.tools.call("bash", command="echo secret > f; (sleep 300 &)")
-    sleeper = _pids(box.sandbox.uid, b"sleep\x00300")
-    assert sleeper
+    _wait(lambda: _pids(box.sandbox.uid, b"sleep\x00300"), 5.0)  # the detached sleep may take a moment to exec
     pools.release("t1")
     again = pools.acquire("t2", SHARED)
     assert again.sandbox.id == box.sandbox.id  # the same sandbox, reused
