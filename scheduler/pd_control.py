@@ -3,7 +3,7 @@
 Every few seconds: sum the demand forecasts that rollout workers report (each worker runs
 a `Lifecycle` + `Forecaster` over its own trajectories), read every engine's in-flight
 tokens, let the same `Allocator` the simulator drives decide, and publish roles to the
-registry. An engine being moved is published as `draining`, so routers send it nothing
+registry. An engine being moved is published in state `draining`, so routers send it nothing
 new; once its in-flight tokens reach zero it takes its new role. Workers follow the
 registry within a refresh (2 s).
 
@@ -43,7 +43,7 @@ class PDController:
             a = Allocator(engines, self.capacity, self.config, Layout(0, 0, len(engines)), now)
             for eid, role in engines.items():  # each engine starts in its published role
                 a.engines[eid] = EngineRole(eid)
-                a.engines[eid].ready(now, Role(role) if role in ("prefill", "decode") else Role.mixed)
+                a.engines[eid].ready(now, Role(role))
             self.allocator = a
         return a
 
@@ -52,7 +52,12 @@ class PDController:
         infos = await self.registry.engines()
         if not infos:
             return []
+        fresh = self.allocator is None or set(self.allocator.engines) != {e.id for e in infos}
         a = self._sync({e.id: e.role for e in infos}, now)
+        if fresh:  # a drain planned by an earlier allocator died with it: serve the published role again
+            for e in infos:
+                if e.state == "draining":
+                    await self.registry.set_role(e.id, e.role)
         loads = await self.registry.engine_loads([e.id for e in infos])
         for eid in a.draining():
             if loads[eid][0] == 0:
@@ -62,7 +67,7 @@ class PDController:
         d = Demand.from_report(await self.registry.phases(), self.horizon_s)
         moves = a.allocate(d, {e: tokens / self.drain_tok_s for e, (tokens, _) in loads.items()}, now)
         for m in moves:
-            await self.registry.set_role(m.engine, "draining")
+            await self.registry.drain(m.engine)
             log.info("engine draining for a new role", extra={"engine": m.engine, "from": m.old.value,
                                                               "to": m.new.value})
         return moves

@@ -3,7 +3,9 @@
 Engines are registered by an operator (API/CLI) and stay until removed. Env workers
 register themselves and heartbeat a short-TTL key (`announce_worker`, the env worker's
 `Registrar` interface); one without a live key is ignored. This module is the one place that
-knows how engines and workers are stored.
+knows how engines and workers are stored, and `engines()`/`engine(id)` the one way to read an
+engine's kind, role, state (ready | draining) and policy version: everyone else keeps at most
+a cache of them.
 """
 
 from __future__ import annotations
@@ -34,20 +36,24 @@ class Registry:
         raw = await self.r.hget(self.k.engines, engine_id)
         return EngineInfo.model_validate_json(raw) if raw else None
 
-    async def set_policy_version(self, engine_id: str, version: int, model: str | None = None) -> None:
+    async def _update(self, engine_id: str, **fields) -> EngineInfo:
         info = await self.engine(engine_id)
         if info is None:
             raise KeyError(engine_id)
-        update = {"policy_version": version} | ({"model": model} if model else {})
-        await self.add_engine(info.model_copy(update=update))
-
-    async def set_role(self, engine_id: str, role: str) -> EngineInfo:
-        info = await self.engine(engine_id)
-        if info is None:
-            raise KeyError(engine_id)
-        info = info.model_copy(update={"role": role})
+        info = info.model_copy(update=fields)
         await self.add_engine(info)
         return info
+
+    async def set_policy_version(self, engine_id: str, version: int, model: str | None = None) -> None:
+        await self._update(engine_id, policy_version=version, **({"model": model} if model else {}))
+
+    async def set_role(self, engine_id: str, role: str) -> EngineInfo:
+        """Serve `role` from now on (ready)."""
+        return await self._update(engine_id, role=role, state="ready")
+
+    async def drain(self, engine_id: str) -> EngineInfo:
+        """No new work: the engine finishes what it holds before its next `set_role`."""
+        return await self._update(engine_id, state="draining")
 
     async def engines(self) -> list[EngineInfo]:
         return sorted((EngineInfo.model_validate_json(v) for v in (await self.r.hgetall(self.k.engines)).values()),

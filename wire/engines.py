@@ -29,8 +29,11 @@ class EngineInfo(Input):
                       description="Which client speaks to it (`rollout_service.engines.kinds`); "
                                   "an engine of a kind a worker does not know is skipped.")
     tokenizer: str = Field("byte", max_length=512, description="'byte' or a local tokenizer folder.")
-    role: Literal["prefill", "decode", "mixed", "draining"] = Field(
-        "mixed", description="Prefill/decode role (PD allocation); draining engines get no new work.")
+    role: Literal["prefill", "decode", "mixed"] = Field(
+        "mixed", description="Which half of a turn it serves (prefill/decode allocation).")
+    state: Literal["ready", "draining"] = Field(
+        "ready", description="draining: finishing what it holds before the allocator gives it a new role; it gets "
+                             "no new work meanwhile.")
 
 
 class EngineRoleUpdate(Input):

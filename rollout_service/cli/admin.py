@@ -157,9 +157,10 @@ def cmd_engines(args) -> None:
             if args.engine_url not in ("prefill", "decode", "mixed"):
                 raise SystemExit("usage: rollout engines role ID prefill|decode|mixed")
             c.set_engine_role(args.id, args.engine_url)
-        table = Table("id", "url", "model", "role", "policy version", "tokenizer")
+        table = Table("id", "kind", "url", "model", "role", "state", "policy version", "tokenizer")
         for e in c.engines():
-            table.add_row(e["id"], e["url"], e["model"], e["role"], str(e["policy_version"]), e["tokenizer"])
+            table.add_row(e["id"], e["kind"], e["url"], e["model"], e["role"], e["state"], str(e["policy_version"]),
+                          e["tokenizer"])
         console.print(table)
 
 

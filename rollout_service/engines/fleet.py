@@ -75,7 +75,7 @@ class Fleet:
                 self._engines[info.id], self._infos[info.id] = (engine, info.tokenizer), info
                 self._load.setdefault(info.id, 0)
             self._engines[info.id][0].policy_version = info.policy_version
-            if info.role == "draining":  # finishing what it holds before a new role: nothing new
+            if info.state == "draining":  # finishing what it holds before a new role: nothing new
                 self._roles.pop(info.id, None)
             else:
                 self._roles[info.id] = Role(info.role)

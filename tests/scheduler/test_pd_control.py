@@ -37,9 +37,9 @@ async def test_controller_drains_then_switches_and_routers_follow(redis, keys):
     await reg.report("w1", {"e0": 5000}, set())  # some engine is busy: it costs more to drain
     moves = await ctl.step()
     assert moves and all(m.new.value == "prefill" for m in moves) and "e0" not in {m.engine for m in moves}
-    roles = {e.id: e.role for e in await reg.engines()}
+    states = {e.id: e.state for e in await reg.engines()}
     moving = [m.engine for m in moves]
-    assert all(roles[e] == "draining" for e in moving)
+    assert all(states[e] == "draining" for e in moving)
 
     fleet = Fleet({eid: (SimEngine(eid), "byte") for eid in IDS}, registry=reg, refresh_s=0)
     await fleet.refresh(force=True)
@@ -48,8 +48,8 @@ async def test_controller_drains_then_switches_and_routers_follow(redis, keys):
 
     now[0] += 5
     await ctl.step()  # nothing in flight on them: the drain completes
-    roles = {e.id: e.role for e in await reg.engines()}
-    assert all(roles[e] == "prefill" for e in moving)
+    infos = {e.id: e for e in await reg.engines()}
+    assert all(infos[e].role == "prefill" and infos[e].state == "ready" for e in moving)
     await fleet.refresh(force=True)
     loads = fleet._available("byte")
     for i in range(20):  # prefill-only engines never decode
@@ -57,3 +57,16 @@ async def test_controller_drains_then_switches_and_routers_follow(redis, keys):
     # a prefill on a prefill-only engine hands its decode to another engine
     assert fleet.policy.pick_decode("fresh", loads, moving[0], fleet.roles) not in moving
     await fleet.aclose()
+
+
+async def test_a_new_controller_releases_drains_an_earlier_one_left(redis, keys):
+    """The plan behind a drain lives in the allocator; one that restarted (or saw the engine set
+    change) serves the published role again rather than leave the engine idle forever."""
+    reg = Registry(redis, keys)
+    for eid in IDS:
+        await reg.add_engine(EngineInfo(id=eid, url=f"http://127.0.0.1:9/{eid}", role="decode"))
+    await reg.drain("e1")
+    assert (await reg.engine("e1")).state == "draining"
+    await PDController(reg, additive(), AllocatorConfig(dwell_s=0), clock=lambda: 100.0).step()
+    e1 = await reg.engine("e1")
+    assert e1.state == "ready" and e1.role == "decode"
