@@ -126,7 +126,8 @@ def _install_errors(app: FastAPI) -> None:
 
 
 def create_app(max_sessions: int = 1024, idle_s: float = 600.0,
-               registration: tuple[Registrar, WorkerInfo] | None = None, pools: Pools | None = None, pool_size: PoolSize = DEFAULT_POOL, on_fatal=None) -> FastAPI:
+               registration: tuple[Registrar, WorkerInfo] | None = None, pools: Pools | None = None,
+               pool_size: PoolSize = DEFAULT_POOL, on_fatal=None) -> FastAPI:
     """`registration`: optional (registrar, WorkerInfo) to announce this worker. `pools`:
     resource pools to use (and leave open); by default the app owns its own, sized `pool_size`.
     `on_fatal`: called once a background loop has died (`serve` passes one that stops the server)."""
