@@ -136,3 +136,13 @@ async def test_prefill_decode_split_hands_kv_over_and_matches_colocated(redis, k
     finally:
         for srv in servers:
             srv.__exit__(None, None, None)
+
+
+async def test_engines_are_built_by_kind_and_unknown_kinds_are_skipped(redis, keys):
+    reg = Registry(redis, keys)
+    await reg.add_engine(EngineInfo(id="v", url="http://127.0.0.1:9"))
+    await reg.add_engine(EngineInfo(id="x", url="http://127.0.0.1:9", kind="nope"))
+    fleet = Fleet(registry=reg)
+    await fleet.refresh(force=True)
+    assert fleet.engine_ids == ["v"] and type(fleet._engines["v"][0]).__name__ == "VLLMEngine"
+    await fleet.aclose()
