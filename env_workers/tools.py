@@ -19,7 +19,7 @@ restarted (state lost, and the text says so). The python interpreter keeps its g
 between calls and echoes the value of a trailing expression; a timeout restarts it.
 
 Non-goals: parsing tool calls out of model text (the environment does that), and choosing
-or reusing sandboxes (`scheduler/resources.py`).
+or reusing sandboxes (`env_workers/resources.py`).
 """
 
 from __future__ import annotations

@@ -34,6 +34,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+def trajectory_id(batch_id: str, group: int, sample: int) -> str:
+    """A trajectory's id, `{batch}-{group}-{sample}`: written here, read back by `batch_of`
+    (batch ids are hex, without '-')."""
+    return f"{batch_id}-{group}-{sample}"
+
+
+def batch_of(trajectory_id: str) -> str:
+    return trajectory_id.split("-", 1)[0]
+
+
 @dataclass(frozen=True, slots=True)
 class Keys:
     prefix: str = "rs:"

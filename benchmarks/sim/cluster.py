@@ -31,7 +31,7 @@ from benchmarks.sim.cost import DEFAULT, PRESETS, ClusterCost
 from benchmarks.sim.gpu import SimGPU
 from benchmarks.sim.workload import Episode, Workload
 from scheduler.allocator import Allocator, AllocatorConfig, Capacity, Layout
-from scheduler.forecast import ForecastError, Forecaster
+from scheduler.forecast import Forecaster, ForecastError
 from scheduler.lifecycle import Lifecycle
 from scheduler.roles import EngineState
 from scheduler.router import NoEngine, RoleAware
@@ -122,7 +122,8 @@ class Cluster:
         self.allocator = Allocator(self.gpus, self.capacity, config, layout)
         self.forecaster = Forecaster(horizon_s)
         self.lifecycle = Lifecycle(clock=lambda: self.loop.now, observers=[self.forecaster] if self.guided else [])
-        self.router = RoleAware(self.allocator.roles())
+        self.router = RoleAware()
+        self.roles = self.allocator.roles()  # the allocator's, refreshed when it moves an engine
         self.trajs: dict[str, _Traj] = {}
         self.in_flight = workload.per_gpu * gpus
         self.total = workload.rounds * self.in_flight
@@ -166,7 +167,7 @@ class Cluster:
 
     # --- a turn -------------------------------------------------------------------------
     def _loads(self) -> "_Loads":
-        return _Loads(self.gpus, self.router.roles)
+        return _Loads(self.gpus, self.roles)
 
     def _start_turn(self, tid: str, delta: int) -> None:
         tr = self.trajs[tid]
@@ -177,7 +178,7 @@ class Cluster:
     def _prefill(self, tid: str) -> None:
         tr = self.trajs[tid]
         try:
-            eid = self.router.pick_prefill(tid, self._loads())
+            eid = self.router.pick_prefill(tid, self._loads(), self.roles)
         except NoEngine:
             self.pending.append(("prefill", tid, None))
             return
@@ -194,7 +195,7 @@ class Cluster:
     def _to_decode(self, tid: str, prefilled_on: str) -> None:
         tr = self.trajs[tid]
         try:
-            eid = self.router.pick_decode(tid, self._loads(), prefilled_on)
+            eid = self.router.pick_decode(tid, self._loads(), prefilled_on, self.roles)
         except NoEngine:
             self.pending.append(("decode", tid, prefilled_on))
             return
@@ -263,7 +264,7 @@ class Cluster:
         drain = {e: g.drain_s() for e, g in self.gpus.items()}
         moves = self.allocator.allocate(demand, drain, now)
         if moves:
-            self.router.set_roles(self.allocator.roles())
+            self.roles = self.allocator.roles()
             lay = self.allocator.layout()
             self.layouts.append((round(now, 3), lay.prefill, lay.decode, lay.mixed))
             for m in moves:
@@ -274,7 +275,7 @@ class Cluster:
         st = self.allocator.engines[gpu.id]
         if st.state is EngineState.draining and gpu.empty():
             self.allocator.drained(gpu.id, self.loop.now)
-            self.router.set_roles(self.allocator.roles())
+            self.roles = self.allocator.roles()
             self._retry()
 
     def _retry(self) -> None:

@@ -8,19 +8,20 @@ from fastapi.responses import StreamingResponse
 
 from rollout_service import limits
 from rollout_service.auth import Principal
-from rollout_service.errors import NotFound
 from rollout_service.routes.deps import owned_batch, principal
-from rollout_service.protocol import (
+from scheduler.queue import QuotaExceeded
+from wire import (
     BatchCreated,
     BatchStatus,
     ErrorResponse,
     GroupStatus,
     RolloutRequest,
+    StateRules,
     Trajectory,
     TrajectoryPage,
     TrajectoryState,
 )
-from scheduler.queue import QuotaExceeded
+from wire.errors import NotFound
 
 router = APIRouter(prefix="/v1", tags=["batches"], responses={404: {"model": ErrorResponse},
                                                                 422: {"model": ErrorResponse}})
@@ -32,6 +33,13 @@ Caller = Depends(principal)
 _QUOTA = {"model": ErrorResponse, "description": "The tenant has too many trajectories queued or running",
           "headers": {"Retry-After": {"description": "Seconds to wait before trying again",
                                       "schema": {"type": "integer"}}}}
+
+
+@router.get("/states", response_model=StateRules)
+async def states() -> StateRules:
+    """Which trajectory states are terminal (never change again) and which usable (fit for the
+    loss): the one rule, for clients that cannot import `wire` (the board). No auth: no data."""
+    return StateRules.current()
 
 
 @router.post("/batches", response_model=BatchCreated, status_code=202, responses={429: _QUOTA})

@@ -24,9 +24,9 @@ from benchmarks.rlbench.grader import Grader
 from benchmarks.rlbench.records import Records, RunRecord, Status, SubmissionRecord
 from benchmarks.rlbench.server import create_app
 from benchmarks.rlbench.workspace import State, setup
-from rollout_service.protocol import EngineInfo, Trajectory
 from scheduler.keys import Keys
 from tests.conftest import REDIS_URL
+from wire import EngineInfo, Trajectory
 
 ROOT = Path(__file__).resolve().parents[2]
 

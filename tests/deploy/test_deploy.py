@@ -49,7 +49,7 @@ K8S_VERSIONS = ["1.30.0", "1.37.0"]  # oldest we support, newest the package shi
 def allowed_env() -> set[str]:
     """`ROLLOUT_*` names the code reads: Settings fields plus the CLI's own (URL, API key)."""
     names = {f"ROLLOUT_{f.upper()}" for f in Settings.__dataclass_fields__}
-    cli_src = (ROOT / "rollout_service" / "cli.py").read_text()
+    cli_src = "".join(f.read_text() for f in sorted((ROOT / "rollout_service" / "cli").glob("*.py")))
     return names | set(re.findall(r'os\.environ\.get\("(ROLLOUT_\w+)"', cli_src))
 
 
@@ -133,6 +133,13 @@ def test_dockerfile_copies_exist_and_are_not_ignored():
         assert (ROOT / src).exists(), f"COPY {src}: no such path in the build context"
         assert not any(src == i or src.startswith(i.rstrip("/") + "/") for i in ignored), \
             f"COPY {src} is excluded by Dockerfile.dockerignore"
+
+
+def test_dockerfile_copies_every_package_pyproject_installs():
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = {pattern.rstrip("*") for pattern in include}
+    sources = {src for srcs, _ in copies(dockerfile()) for src in srcs}
+    assert packages <= sources, f"the image would install without {sorted(packages - sources)}"
 
 
 def test_dockerfile_entrypoint_extras_user_and_healthcheck():

@@ -11,8 +11,8 @@ import signal
 
 import pytest
 
-from env_workers.sandbox import Limits
-from env_workers.sandbox import bwrap, podman
+from env_workers.sandbox import Limits, bwrap
+from rollout_service.local import podman
 
 BACKENDS = ["bwrap", "docker"]
 APT = "apt-get install -y --no-install-recommends bubblewrap podman runc busybox-static python3.11"

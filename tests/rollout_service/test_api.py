@@ -118,7 +118,7 @@ def test_jobs_survive_a_gateway_restart(settings):
 
 
 def test_metrics_after_a_batch(gateway, settings):
-    from rollout_service.protocol import EngineInfo
+    from wire import EngineInfo
 
     with httpx.Client(base_url=gateway.url) as c, RunningWorker(settings):
         c.post("/v1/engines", json=EngineInfo(id="e1", url="http://127.0.0.1:9", role="decode").model_dump())

@@ -8,7 +8,7 @@ import pytest
 
 from env_workers.env import SandboxUnavailable
 from env_workers.envs.code import SPEC, CodeEnv, generate
-from scheduler.resources import PoolSize, Pools
+from env_workers.resources import Pools, PoolSize
 
 ADD = {"prompt": "Write `def add(a, b)`.", "entry_point": "add",
        "tests": [{"args": [1, 2], "expected": 3}, {"args": [0, 0], "expected": 0}, {"args": [-1, 1], "expected": 0},
