@@ -50,6 +50,9 @@ def test_bash_timeout_interrupts_and_keeps_the_session(box, monkeypatch):
     assert "before" in r.text and "slept-through" not in r.text  # the output so far; the rest never ran
     assert r.duration_s < 300  # interrupted, not waited out
     assert box.call("bash", command="echo $Y $(pwd)").text == "kept /tmp\n"
+    # again: a marker the shell was asked for twice never leaks into later output
+    assert "interrupted" in box.call("bash", command="sleep 600", timeout_s=2).text
+    assert box.call("bash", command="echo $Y").text == "kept\n"
 
 
 def test_bash_that_ignores_interrupt_is_restarted(box, monkeypatch):
