@@ -11,6 +11,7 @@ a cache of them.
 from __future__ import annotations
 
 import random
+import time
 
 import redis.asyncio as aioredis
 
@@ -64,10 +65,13 @@ class Registry:
                       key=lambda e: e.id)
 
     async def report(self, worker_id: str, loads: dict[str, int], down: set[str], ttl_s: int = 10) -> None:
-        """A worker's view of the engines: its in-flight tokens on each, and which look down."""
+        """A worker's view of the engines: its in-flight tokens on each, and which look down.
+        Each entry carries its time: one from a worker that died is ignored after `ttl_s` even
+        while other workers keep the key alive (it would hold a draining engine forever)."""
+        now = int(time.time())
         pipe = self.r.pipeline(transaction=False)
         for eid, tokens in loads.items():
-            pipe.hset(self.k.engine_load(eid), worker_id, tokens)
+            pipe.hset(self.k.engine_load(eid), worker_id, f"{tokens}@{now}")
             pipe.expire(self.k.engine_load(eid), ttl_s)
         for eid in down:
             pipe.set(self.k.engine_down(eid), worker_id, ex=ttl_s)
@@ -98,14 +102,20 @@ class Registry:
                 out[k] = out.get(k, 0) + int(v)
         return out
 
-    async def engine_loads(self, engine_ids: list[str]) -> dict[str, tuple[int, bool]]:
-        """engine id -> (in-flight tokens summed over workers, up?)"""
+    async def engine_loads(self, engine_ids: list[str], ttl_s: int = 10) -> dict[str, tuple[int, bool]]:
+        """engine id -> (in-flight tokens summed over workers reporting within `ttl_s`, up?)"""
         pipe = self.r.pipeline(transaction=False)
         for eid in engine_ids:
             pipe.hvals(self.k.engine_load(eid))
             pipe.exists(self.k.engine_down(eid))
         got = await pipe.execute()
-        return {eid: (sum(int(v) for v in got[2 * i]), not got[2 * i + 1]) for i, eid in enumerate(engine_ids)}
+        oldest = time.time() - ttl_s
+
+        def fresh(raw: bytes | str) -> int:
+            tokens, _, at = (raw.decode() if isinstance(raw, bytes) else raw).partition("@")
+            return int(tokens) if not at or int(at) >= oldest else 0
+
+        return {eid: (sum(fresh(v) for v in got[2 * i]), not got[2 * i + 1]) for i, eid in enumerate(engine_ids)}
 
     async def announce_worker(self, info: WorkerInfo, pools: dict[str, int], ttl_s: int = 10) -> None:
         """An env worker's heartbeat: its registration (rewritten every beat, so a flushed Redis

@@ -167,10 +167,16 @@ class Trajectory(Wire):
     restarts: int = Field(0, description="Times our infrastructure lost and restarted its episode (never charged).")
     active_s: float = 0.0
     info: dict[str, Any] = Field(default_factory=dict)
+    training_samples: list[Sample] | None = Field(
+        None, description="The flat training view, one sample per segment (token_ids, loss_mask, logprobs, "
+                          "aligned): present only when asked for (`?samples=true`); computed from `turns`, never "
+                          "stored. Python clients have it as `samples()`, `token_ids`, `loss_mask`, `logprobs`.")
 
     # Flat training views. Computed, not stored: turns are the one source of truth.
     def samples(self) -> list[Sample]:
         """One training sample per segment (a single one unless a template rewrote a prefix)."""
+        if self.training_samples is not None:
+            return self.training_samples
         out: dict[int, Sample] = {}
         for turn in self.turns:
             s = out.setdefault(turn.segment, Sample(token_ids=[], loss_mask=[], logprobs=[]))
@@ -206,6 +212,10 @@ class Trajectory(Wire):
     def usable(self) -> bool:
         """True when this trajectory should enter the loss (see `TrajectoryState.usable`)."""
         return self.state.usable
+
+    def with_samples(self) -> "Trajectory":
+        """A copy carrying `training_samples` (for the wire; what is stored never does)."""
+        return self.model_copy(update={"training_samples": self.samples()})
 
 
 class BatchCreated(Wire):

@@ -71,13 +71,18 @@ async def status(request: Request, bid: str, who: Principal = Caller) -> BatchSt
     return await owned_batch(request, bid, who)
 
 
+SAMPLES = ("Also return `training_samples`: per training sample, `token_ids`, `loss_mask` (1 where sampled) and "
+           "`logprobs` (0.0 where the mask is 0), aligned, ready for the loss")
+
+
 @router.get("/batches/{bid}/trajectories", response_model=TrajectoryPage)
 async def trajectories(request: Request, bid: str, cursor: int = Query(0, ge=0), limit: int = Query(50, ge=1, le=500),
-                       state: TrajectoryState | None = None, who: Principal = Caller) -> TrajectoryPage:
+                       state: TrajectoryState | None = None, samples: bool = Query(False, description=SAMPLES),
+                       who: Principal = Caller) -> TrajectoryPage:
     """A page of the batch's trajectories in submission order; pass `next_cursor` back."""
     await owned_batch(request, bid, who)
     items, nxt = await request.app.state.store.trajectories(bid, cursor, limit, state)
-    return TrajectoryPage(items=items, next_cursor=nxt)
+    return TrajectoryPage(items=[t.with_samples() for t in items] if samples else items, next_cursor=nxt)
 
 
 @router.get("/batches/{bid}/groups", response_model=list[GroupStatus])
@@ -88,11 +93,12 @@ async def groups(request: Request, bid: str, who: Principal = Caller) -> list[Gr
 
 
 @router.get("/trajectories/{tid}", response_model=Trajectory)
-async def trajectory(request: Request, tid: str, who: Principal = Caller) -> Trajectory:
+async def trajectory(request: Request, tid: str, samples: bool = Query(False, description=SAMPLES),
+                     who: Principal = Caller) -> Trajectory:
     traj = await request.app.state.store.trajectory(tid)
     if traj is None or (not who.admin and await request.app.state.store.batch_tenant(traj.batch_id) != who.tenant):
         raise NotFound(f"no trajectory {tid!r}")
-    return traj
+    return traj.with_samples() if samples else traj
 
 
 @router.get("/batches/{bid}/events", response_class=StreamingResponse,
