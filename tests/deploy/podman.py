@@ -3,8 +3,10 @@ podman's Docker API on a machine with no Docker engine and no container registry
 
 Everything here works around the machine, not the project (`deploy/` stays as an operator
 uses it with Docker):
-- `podman system service` with runc (crun refuses hybrid cgroups) and lower default ulimits
-  (root cannot raise the hard nofile limit here); `DOCKER_HOST` points Compose at it.
+- `podman system service` with runc (crun refuses hybrid cgroups), lower default ulimits
+  (root cannot raise the hard nofile limit here) and the netavark network backend: with CNI,
+  podman 4.3 turns DNS off on an internal network, and the services find each other by name.
+  `DOCKER_HOST` points Compose at it.
 - No registry: stand-ins for the base images, a Debian `debootstrap --variant=minbase` tree
   from the machine's own Debian mirror, with python3 (for our image) or redis-server added,
   imported with `podman import`. Passed to the project through its own knobs
@@ -53,6 +55,8 @@ CONTAINERS_CONF = """\
 runtime = "runc"
 [containers]
 default_ulimits = ["nofile=1024:1024", "nproc=4096:4096"]
+[network]
+network_backend = "netavark"
 """
 # The stack's own network has no route out; only the gateway also joins `published`,
 # whose port is bound to 127.0.0.1 (GATEWAY_PORT).
@@ -74,8 +78,8 @@ def cache_dir() -> Path:
 
 
 def missing_tools() -> list[str]:
-    need = ["podman", "runc", "debootstrap", "docker-compose"]
-    out = [t for t in need if not shutil.which(t) and not Path("/usr/sbin", t).exists()]
+    need = ["podman", "runc", "debootstrap", "docker-compose", "netavark", "aardvark-dns"]
+    out = [t for t in need if not any(Path(d, t).exists() for d in ("/usr/sbin", "/usr/lib/podman")) and not shutil.which(t)]
     if os.geteuid() != 0:
         out.append("root (rootful podman, debootstrap)")
     return out
