@@ -167,9 +167,6 @@ def wheelhouse(extras: str = "server") -> Path:
     shutil.rmtree(d, ignore_errors=True)
     sh("python", "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", str(d), "-c", "constraints.txt",
        "setuptools", "async-timeout", f".[{extras}]", cwd=ROOT, timeout=900)
-    # The project itself is built from source in the image, never taken from here.
-    for stale in d.glob("rollout_service-*"):
-        stale.unlink()
     (d / ".complete").touch()
     return d
 

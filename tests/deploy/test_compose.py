@@ -196,7 +196,7 @@ def test_kill9_of_a_worker_and_an_env_worker_mid_batch_loses_nothing(stack):
 
         seen = collections.Counter(ev.trajectory_id for ev in c.events(batch.id))
         figure("batch_after_kill_s", round(time.monotonic() - killed_at, 1),
-               "s from the kills to the batch's end (a dead worker's leases lapse after ROLLOUT_LEASE_S=30)")
+               "s from the kills to the batch's end")
         st = c.status(batch.id)
         trajs = list(c.trajectories(batch.id))
     assert st.state.value == "completed" and st.done == total

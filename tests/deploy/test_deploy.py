@@ -262,6 +262,8 @@ def test_compose_commands_are_rollout_commands(project):
         args = parse_rollout(argv)
         if name == "env-worker":  # every replica registers its own id and address
             assert args.id and "SUBST" in args.id and args.advertise and "SUBST" in args.advertise
+        if name == "worker":  # a stable id per container: a restarted worker gives its work back at once
+            assert args.id and "SUBST" in args.id
         if args.command in ("gateway", "env-worker", "sim-engine"):
             assert args.host == "0.0.0.0", f"{name} must bind all interfaces to be reachable"
 
