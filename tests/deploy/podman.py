@@ -16,8 +16,11 @@ uses it with Docker):
   `--network none` from that wheelhouse (the Dockerfile's air-gapped path).
 - podman 4.3 runs HEALTHCHECKs from systemd timers and there is no systemd: `HealthRunner`
   runs them through the libpod API every few seconds.
-- Network: the override file makes the stack's default network internal (no route out);
-  only the gateway also joins a second network, published on 127.0.0.1.
+- Network: the override file makes the stack's default network internal (no route out).
+  podman publishes no port from an internal network, so the gateway alone also joins a
+  second one, created here beforehand (`WalledNetwork`) with a firewall rule that drops
+  whatever it would forward off its bridge: the published port (127.0.0.1 only) still
+  answers, nothing inside gets out.
 
 Cached under $ROLLOUT_CACHE_DIR/deploy-test (default ~/.cache/rollout-service/deploy-test):
 the base image tarballs and the wheelhouse, keyed by what they were built from.
@@ -58,12 +61,12 @@ default_ulimits = ["nofile=1024:1024", "nproc=4096:4096"]
 [network]
 network_backend = "netavark"
 """
-# The stack's own network has no route out; only the gateway also joins `published`,
-# whose port is bound to 127.0.0.1 (GATEWAY_PORT).
+# The stack's own network has no route out; only the gateway also joins `published` (a
+# WalledNetwork), whose port is bound to 127.0.0.1 (GATEWAY_PORT).
 OVERRIDE = """\
 networks:
   default: { internal: true }
-  published: {}
+  published: { external: true, name: "${PUBLISHED_NETWORK}" }
 services:
   gateway:
     networks: [default, published]
@@ -221,6 +224,29 @@ class Podman:
 
 
 @dataclass
+class WalledNetwork:
+    """A bridge network that can publish ports but forwards nothing off its bridge: a
+    FORWARD rule drops packets coming in from it and going out elsewhere, inserted before
+    the first container joins and removed with the network."""
+    podman: Podman
+    name: str
+    bridge: str = ""
+
+    def rule(self, op: str) -> list[str]:
+        return ["iptables", op, "FORWARD", "-i", self.bridge, "!", "-o", self.bridge, "-j", "DROP"]
+
+    def __enter__(self) -> "WalledNetwork":
+        sh("podman", "network", "create", self.name, env=self.podman.env)
+        self.bridge = json.loads(sh("podman", "network", "inspect", self.name, env=self.podman.env))[0]["network_interface"]
+        sh(*self.rule("-I"))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        subprocess.run(self.rule("-D"), capture_output=True)
+        subprocess.run(["podman", "network", "rm", "-f", self.name], env=self.podman.env, capture_output=True)
+
+
+@dataclass
 class Compose:
     """One Compose project (its own name) of deploy/docker-compose.yml plus our override."""
     podman: Podman
@@ -233,7 +259,14 @@ class Compose:
     def __call__(self, *args: str, timeout: float = 300) -> str:
         cmd = ["docker-compose", "-f", str(DEPLOY / "docker-compose.yml"), "-f", str(self.override),
                "-p", self.project, *args]
-        return sh(*cmd, env={**self.podman.env, **self.env}, timeout=timeout)
+        try:
+            return sh(*cmd, env={**self.podman.env, **self.env}, timeout=timeout)
+        except RuntimeError as e:
+            if args[0] != "up":
+                raise
+            logs = subprocess.run([*cmd[:cmd.index("-p") + 2], "logs", "--no-color", "--tail", "30"], text=True,
+                                  env={**self.podman.env, **self.env}, capture_output=True, timeout=60).stdout
+            raise RuntimeError(f"{e}\n---- the services' last logs ----\n{logs[-6000:]}") from None
 
     def containers(self, all: bool = True) -> list[dict]:
         """This project's containers, as the Docker API lists them."""

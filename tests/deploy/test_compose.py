@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -25,12 +26,13 @@ import httpx
 import pytest
 
 from tests.conftest import free_port
-from tests.deploy.podman import OVERRIDE, ROOT, Compose, HealthRunner, Podman, missing_tools, sh, standin_images, wheelhouse
+from tests.deploy.podman import (OVERRIDE, ROOT, Compose, HealthRunner, Podman, WalledNetwork, missing_tools, sh,
+                                 standin_images, wheelhouse)
 from trainer_client import RolloutClient
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
-IMAGE = "localhost/rollout-service:e2e"
+IMAGE = "localhost/rollout-service:e2e"  # kept between runs: its layers are the build cache
 SCALE = ["--scale", "env-worker=3", "--scale", "worker=2"]
 FIGURES: dict[str, float | dict] = {}
 
@@ -64,48 +66,63 @@ def up(compose: Compose) -> float:
     return time.monotonic() - t
 
 
+def build_image(podman: Podman, python_image: str) -> None:
+    """Our image, from the Dockerfile's air-gapped path: no network, no index, the wheelhouse."""
+    ctx = build_context(podman.workdir / "context", wheelhouse())
+    t = time.monotonic()
+    sh("podman", "build", "--format", "docker", "--network", "none", "--pull=never", "-f", "deploy/Dockerfile",
+       "--build-arg", f"PYTHON_IMAGE={python_image}", "--build-arg", "INDEX_URL=",
+       "--build-arg", "TOKENIZER_PACKAGES=", "-t", IMAGE, ".", cwd=ctx, env=podman.env, timeout=900)
+    figure("build_s", round(time.monotonic() - t, 1), "s (podman build --network none, layer cache kept)")
+    size = json.loads(sh("podman", "image", "inspect", IMAGE, env=podman.env))[0]["Size"]
+    figure("image_mb", round(size / 2**20), "MiB")
+    shutil.rmtree(ctx)
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     missing = missing_tools()
     if missing:
         pytest.skip(f"needs {', '.join(missing)} (.ci/run installs them)")
-    work = tmp_path_factory.mktemp("compose")
-    podman = Podman(work).start()
+    podman = Podman(tmp_path_factory.mktemp("compose")).start()
     project = f"rs-e2e-{uuid.uuid4().hex[:6]}"
-    compose = None
+    image = f"localhost/rollout-service:{project}"  # this run's own name: another run may rebuild IMAGE
     try:
         t = time.monotonic()
-        wheels = wheelhouse()
+        wheelhouse()
         bases = standin_images(podman.env)
         figure("inputs_s", round(time.monotonic() - t, 1), "s (wheelhouse + stand-in base images; cached after the first run)")
-
-        ctx = build_context(work / "context", wheels)
-        t = time.monotonic()
-        sh("podman", "build", "--format", "docker", "--network", "none", "--pull=never", "-f", "deploy/Dockerfile",
-           "--build-arg", f"PYTHON_IMAGE={bases['python']}", "--build-arg", "INDEX_URL=",
-           "--build-arg", "TOKENIZER_PACKAGES=", "-t", IMAGE, ".", cwd=ctx, env=podman.env, timeout=900)
-        figure("build_s", round(time.monotonic() - t, 1), "s (podman build --network none, layer cache kept)")
-        size = json.loads(sh("podman", "image", "inspect", IMAGE, env=podman.env))[0]["Size"]
-        figure("image_mb", round(size / 2**20), "MB")
-        shutil.rmtree(ctx)
+        build_image(podman, bases["python"])
+        sh("podman", "tag", IMAGE, image, env=podman.env)
 
         port = free_port()
-        (work / "override.yml").write_text(OVERRIDE)
+        override = podman.workdir / "override.yml"
+        override.write_text(OVERRIDE)
         compose = Compose(podman, project, {
-            "ROLLOUT_IMAGE": IMAGE, "REDIS_IMAGE": bases["redis"], "GATEWAY_PORT": f"127.0.0.1:{port}",
-            "SIM_TIME_SCALE": "1.0"}, work / "override.yml", url=f"http://127.0.0.1:{port}")
-        with HealthRunner(compose):
-            figure("up_healthy_s", round(up(compose), 1), "s (up --wait, --scale env-worker=3 --scale worker=2)")
-            yield compose
-    finally:
-        try:
-            if compose is not None:
+            "ROLLOUT_IMAGE": image, "REDIS_IMAGE": bases["redis"], "GATEWAY_PORT": f"127.0.0.1:{port}",
+            "PUBLISHED_NETWORK": f"{project}-published", "SIM_TIME_SCALE": "1.0"}, override,
+            url=f"http://127.0.0.1:{port}")
+        with WalledNetwork(podman, f"{project}-published"), HealthRunner(compose):
+            try:
+                figure("up_healthy_s", round(up(compose), 1), "s (up --wait, --scale env-worker=3 --scale worker=2)")
+                yield compose
+            finally:
                 compose("down", "-v", "--timeout", "5", timeout=180)
-        finally:
-            podman.stop()
-            out = ROOT / "test-output"
-            out.mkdir(exist_ok=True)
-            (out / "deploy-compose.json").write_text(json.dumps(FIGURES, indent=2) + "\n")
+    finally:
+        subprocess.run(["podman", "rmi", image], env=podman.env, capture_output=True)  # the name only: IMAGE stays
+        podman.stop()
+        out = ROOT / "test-output"
+        out.mkdir(exist_ok=True)
+        (out / "deploy-compose.json").write_text(json.dumps(FIGURES, indent=2) + "\n")
+
+
+def no_route_out(podman: Podman, container_id: str) -> bool:
+    """True when the container cannot open a TCP connection to the Debian mirror."""
+    probe = ("import socket\ntry:\n socket.create_connection(('deb.debian.org', 80), timeout=5)\n print('out')\n"
+             "except OSError as e:\n print('blocked', e)")
+    r = subprocess.run(["podman", "exec", container_id, "python", "-c", probe], env=podman.env,
+                       capture_output=True, text=True, timeout=60)
+    return r.stdout.startswith("blocked")
 
 
 def submit(c: RolloutClient, n_tasks: int):
@@ -126,7 +143,7 @@ def test_every_service_is_healthy_on_an_internal_network(stack):
 
     # Only the gateway leaves the internal network, and only to 127.0.0.1.
     with stack.podman.api() as api:
-        nets = {n["Name"]: n for n in api.get("/networks").json() if n["Name"].startswith(stack.project + "_")}
+        nets = {n["Name"]: n for n in api.get("/networks").json() if n["Name"].startswith(stack.project)}
     assert nets[f"{stack.project}_default"]["Internal"]
     for service, cs in replicas.items():
         for c in cs:
@@ -136,6 +153,12 @@ def test_every_service_is_healthy_on_an_internal_network(stack):
             assert all(b["HostIp"] == "127.0.0.1" for b in bindings), f"{service} publishes {bindings}"
     [gw] = replicas["gateway"]
     assert gw["HostConfig"]["PortBindings"], "the gateway is not published"
+    # Nothing gets out: the gateway (the one container on a second network) nor an internal one.
+    host_out = subprocess.run(["python", "-c", "import socket; socket.create_connection(('deb.debian.org', 80), timeout=5)"],
+                              capture_output=True).returncode == 0
+    if host_out:  # else the check proves nothing: this machine cannot get there either
+        assert no_route_out(stack.podman, gw["Id"]), "the gateway reaches the outside"
+        assert no_route_out(stack.podman, replicas["worker"][0]["Id"]), "a worker reaches the outside"
 
     # Through the published port: the engine is registered, the 3 env workers registered themselves.
     with RolloutClient(stack.url) as c:
