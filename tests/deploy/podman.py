@@ -112,49 +112,50 @@ def debian_mirror() -> tuple[str, str]:
 
 
 def standin_images(env: dict[str, str]) -> dict[str, str]:
-    """Make sure each stand-in base image exists in podman's store: from the cached tarball,
-    else built (debootstrap once for both, ~1-2 min). Returns kind -> image name."""
-    out, missing = {}, []
-    for kind, (_, tag) in STANDINS.items():
+    """Make sure each stand-in base image is in podman's store, imported from its cached
+    tarball (built first if missing: ~2 min for both). Returns kind -> image name."""
+    out = {}
+    for kind, (packages, tag) in STANDINS.items():
         out[kind] = f"localhost/{tag}"
         if subprocess.run(["podman", "image", "exists", out[kind]], env=env).returncode != 0:
-            missing.append(kind)
-    if not missing:
-        return out
-    cache = cache_dir()
-    build = cache / "rootfs"
-    for kind in missing:
-        packages, tag = STANDINS[kind]
-        tarball = cache / f"{tag.replace(':', '-')}.tar"
-        if not tarball.exists():
-            base = build / "minbase"
-            if not (base / "usr/bin/apt-get").exists():
-                shutil.rmtree(base, ignore_errors=True)
-                mirror, suite = debian_mirror()
-                sh("debootstrap", "--variant=minbase", suite, str(base), mirror, timeout=900)
-            tree = build / kind
-            shutil.rmtree(tree, ignore_errors=True)
-            sh("cp", "-a", str(base), str(tree))
-            (tree / "usr/sbin/policy-rc.d").write_text("#!/bin/sh\nexit 101\n")  # start no service in the chroot
-            (tree / "usr/sbin/policy-rc.d").chmod(0o755)
-            shutil.copy("/etc/resolv.conf", tree / "etc/resolv.conf")
-            chroot_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DEBIAN_FRONTEND": "noninteractive"}
-            sh("chroot", str(tree), "apt-get", "update", "-qq", env=chroot_env)
-            sh("chroot", str(tree), "apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages.split(),
-               env=chroot_env, timeout=900)
-            sh("chroot", str(tree), "apt-get", "clean", env=chroot_env)
-            for p in ("var/lib/apt/lists", "usr/sbin/policy-rc.d", "etc/resolv.conf"):
-                q = tree / p
-                shutil.rmtree(q) if q.is_dir() else q.unlink(missing_ok=True)
-            (tree / "data").mkdir(exist_ok=True)
-            sh("tar", "-C", str(tree), "-cf", f"{tarball}.part", ".")
-            os.replace(f"{tarball}.part", tarball)
-            shutil.rmtree(tree)
-        changes = ["--change", "WORKDIR /data", "--change", 'CMD ["redis-server"]'] if kind == "redis" \
-            else ["--change", 'CMD ["python3"]']
-        sh("podman", "import", *changes, str(tarball), out[kind], env=env)
-    shutil.rmtree(build, ignore_errors=True)
+            changes = ["WORKDIR /data", 'CMD ["redis-server"]'] if kind == "redis" else ['CMD ["python3"]']
+            sh("podman", "import", *[a for c in changes for a in ("--change", c)], str(standin_tarball(tag, packages)),
+               out[kind], env=env)
+    shutil.rmtree(cache_dir() / "rootfs", ignore_errors=True)
     return out
+
+
+def standin_tarball(tag: str, packages: str) -> Path:
+    """A Debian minbase tree (debootstrap'ed once, shared by the stand-ins) plus `packages`,
+    as a tarball in the cache."""
+    tarball = cache_dir() / f"{tag.replace(':', '-')}.tar"
+    if tarball.exists():
+        return tarball
+    base, tree = cache_dir() / "rootfs/minbase", cache_dir() / "rootfs" / tag
+    if not (base / "usr/bin/apt-get").exists():
+        shutil.rmtree(base, ignore_errors=True)
+        mirror, suite = debian_mirror()
+        sh("debootstrap", "--variant=minbase", suite, str(base), mirror, timeout=900)
+    shutil.rmtree(tree, ignore_errors=True)
+    sh("cp", "-a", str(base), str(tree))
+    (tree / "usr/sbin/policy-rc.d").write_text("#!/bin/sh\nexit 101\n")  # start no service in the chroot
+    (tree / "usr/sbin/policy-rc.d").chmod(0o755)
+    shutil.copy("/etc/resolv.conf", tree / "etc/resolv.conf")
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DEBIAN_FRONTEND": "noninteractive"}
+    sh("chroot", str(tree), "apt-get", "update", "-qq", env=env)
+    sh("chroot", str(tree), "apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages.split(),
+       env=env, timeout=900)
+    sh("chroot", str(tree), "apt-get", "clean", env=env)
+    for f in (tree / "var/lib/apt/lists").glob("*"):  # the package lists: 40 MB no image needs
+        if f.is_file():
+            f.unlink()
+    for f in ("usr/sbin/policy-rc.d", "etc/resolv.conf"):
+        (tree / f).unlink()
+    (tree / "data").mkdir(exist_ok=True)
+    sh("tar", "-C", str(tree), "-cf", f"{tarball}.part", ".")
+    os.replace(f"{tarball}.part", tarball)
+    shutil.rmtree(tree)
+    return tarball
 
 
 def wheelhouse(extras: str = "server") -> Path:
