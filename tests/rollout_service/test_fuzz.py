@@ -56,7 +56,10 @@ def api_schema(live):
 
 
 @schema.parametrize()
-@hsettings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+# database=None: examples saved by an earlier run replay against a server (and a schema) that
+# may have changed since, and the stateful phase's draws depend on live responses, so a replay
+# can fail hypothesis' consistency check (FlakyStrategyDefinition) with nothing wrong here.
+@hsettings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 def test_gateway_never_5xx_and_matches_its_schema(case):
     case.call_and_validate()
 
@@ -134,4 +137,4 @@ def test_gateway_stateful_sequences_never_5xx_and_match_the_schema(live):
     transitions = stateful.statistic.transitions.total
     assert transitions >= sum(len(t) for t in LINKS.values()), transitions
     Workflow.run(settings=hsettings(max_examples=20, stateful_step_count=6, deadline=None,
-                                    suppress_health_check=list(HealthCheck)))
+                                    suppress_health_check=list(HealthCheck), database=None))
