@@ -24,12 +24,12 @@ import redis.asyncio as aioredis
 from env_workers.client import LocalEnvs
 from rollout_service.engines.fleet import Fleet
 from rollout_service.engines.sim import SimEngine
-from rollout_service.protocol import RolloutRequest
 from rollout_service.rollout import run_episode
 from rollout_service.worker import Worker
 from scheduler.keys import Keys
 from scheduler.queue import Queue
 from scheduler.store import Store, Work
+from wire import RolloutRequest
 
 
 async def direct(n: int, concurrency: int) -> float:

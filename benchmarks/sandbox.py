@@ -6,7 +6,7 @@ For each backend it measures
   - cold start: create the sandbox and run `true` in it (what a trajectory's first tool call pays),
   - bash call: `echo hi` through a warm `BashSession` (what every later tool call pays),
 and prints one line per figure plus the ratio to the baseline. For bwrap it then measures
-  - pool start: acquire a sandbox through `scheduler.resources.Pools` and run the first bash
+  - pool start: acquire a sandbox through `env_workers.resources.Pools` and run the first bash
     call, from a pre-warmed pool (bash already running) vs an empty one (created on demand),
   - env steps/s: N concurrent `swe` trajectories (threads, as the env worker runs them), each
     a full episode (run the tests, fix the bug, submit: 3 steps, 3 bash/tool calls, 2 test runs),
@@ -16,7 +16,7 @@ and writes JSON.
     python benchmarks/sandbox.py --n 40 --backends bwrap,docker --concurrency 1,8,32
 
 The docker backend uses ROLLOUT_DOCKER_URL if set, else starts podman's Docker API service
-for the run (see env_workers/sandbox/podman.py).
+for the run (see rollout_service/local/podman.py).
 """
 
 from __future__ import annotations
@@ -29,15 +29,14 @@ import statistics
 import subprocess
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
-from concurrent.futures import ThreadPoolExecutor
-
+from env_workers.resources import Pools, PoolSize
 from env_workers.sandbox import Limits
 from env_workers.sandbox.pool import SandboxSpec
 from env_workers.tools import BashSession
-from scheduler.resources import PoolSize, Pools
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -165,8 +164,8 @@ def main() -> None:
             elif backend == "docker":
                 import docker
 
-                from env_workers.sandbox import podman
                 from env_workers.sandbox.docker import DockerSandbox
+                from rollout_service.local import podman
 
                 url = os.environ.get("ROLLOUT_DOCKER_URL")
                 if not url:

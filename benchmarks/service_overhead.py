@@ -24,13 +24,13 @@ import time
 from pathlib import Path
 
 from env_workers.client import LocalEnvs
-from rollout_service.engines import vllm_local
 from rollout_service.engines.fleet import Fleet
 from rollout_service.engines.vllm import VLLMEngine
-from rollout_service.protocol import RolloutRequest, SamplingParams, Trajectory
+from rollout_service.local import vllm_local
 from rollout_service.rollout import run_episode
 from scheduler.store import Work
 from trainer_client import RolloutClient
+from wire import RolloutRequest, SamplingParams, Trajectory
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _up import start_up  # noqa: E402

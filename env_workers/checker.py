@@ -12,7 +12,7 @@ from typing import Any
 
 from env_workers.env import Env, EnvError, StepResult
 from env_workers.registry import spec as get_spec
-from rollout_service.protocol import Message
+from wire import Message
 
 
 class EnvCheckError(AssertionError):

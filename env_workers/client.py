@@ -6,7 +6,6 @@ a 422 from the env (bad task) raises `EnvRejected`."""
 from __future__ import annotations
 
 import asyncio
-
 import uuid
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -15,8 +14,8 @@ import httpx
 
 from env_workers import registry
 from env_workers.env import Env, EnvError, EnvUnavailable, SandboxUnavailable, StepResult
-from rollout_service.protocol import EnvOpened, EnvStepped, Message
-
+from wire.base import Message
+from wire.envs import EnvOpened, EnvStepped
 
 __all__ = ["EnvBackend", "EnvHandle", "EnvRejected", "EnvUnavailable", "EnvWorkerLost", "LocalEnvs", "RemoteEnvs",
            "SandboxUnavailable"]
@@ -46,7 +45,10 @@ class EnvHandle:
 
 
 class EnvBackend(Protocol):
-    async def open(self, env: str, task: dict[str, Any], seed: int | None) -> tuple[EnvHandle, list[Message]]: ...
+    async def open(self, env: str, task: dict[str, Any], seed: int | None,
+                   trajectory_id: str | None = None) -> tuple[EnvHandle, list[Message]]:
+        """`trajectory_id`: the trajectory the episode belongs to; an env worker makes it the
+        owner of the episode's sandbox leases."""
     async def step(self, h: EnvHandle, action: str) -> StepResult: ...
     async def close(self, h: EnvHandle) -> None: ...
 
@@ -58,8 +60,9 @@ class LocalEnvs:
     def __init__(self) -> None:
         self._envs: dict[str, Env] = {}
 
-    async def open(self, env: str, task: dict[str, Any], seed: int | None) -> tuple[EnvHandle, list[Message]]:
-        e = registry.make(env)
+    async def open(self, env: str, task: dict[str, Any], seed: int | None,
+                   trajectory_id: str | None = None) -> tuple[EnvHandle, list[Message]]:
+        e = registry.make(env)  # sandboxes come from the process-wide pools (`episode_claims`)
         try:
             obs, _ = await asyncio.to_thread(e.reset, task, seed)
         except EnvError as err:
@@ -104,14 +107,16 @@ class RemoteEnvs:
             raise EnvUnavailable(f"env worker answered {r.status_code}: {r.text[:300]}")
         return r.json()
 
-    async def open(self, env: str, task: dict[str, Any], seed: int | None) -> tuple[EnvHandle, list[Message]]:
+    async def open(self, env: str, task: dict[str, Any], seed: int | None,
+                   trajectory_id: str | None = None) -> tuple[EnvHandle, list[Message]]:
         try:
             base = await self._pick(env)
         except ValueError as e:  # no such environment anywhere: bad input
             raise EnvRejected(str(e)) from e
         except LookupError as e:  # its env workers are down or restarting
             raise EnvWorkerLost(str(e)) from e
-        got = EnvOpened.model_validate(await self._post(f"{base}/v1/sessions", {"env": env, "task": task, "seed": seed}))
+        body = {"env": env, "task": task, "seed": seed} | ({"trajectory_id": trajectory_id} if trajectory_id else {})
+        got = EnvOpened.model_validate(await self._post(f"{base}/v1/sessions", body))
         return EnvHandle(got.session_id, base), got.observation
 
     async def step(self, h: EnvHandle, action: str) -> StepResult:

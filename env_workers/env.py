@@ -9,7 +9,7 @@ A tool error goes back to the model as text in the observation (and its kind in
 was unusable, `EnvUnavailable` an infrastructure failure of kind `env`, and its subclass
 `SandboxUnavailable` one of kind `sandbox`.
 
-Environments that use tools take `resources=` (a `scheduler.resources.Claims`, one per
+Environments that use tools take `resources=` (a `env_workers.resources.Claims`, one per
 episode) and acquire sandboxes through it only when the model first calls a tool.
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rollout_service.protocol import Message
+from wire import Message
 
 
 @dataclass(slots=True)

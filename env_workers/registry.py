@@ -44,7 +44,7 @@ def spec(name: str) -> EnvSpec:
 
 
 def make(name: str, resources: Any = None) -> Env:
-    """`resources`: the episode's `scheduler.resources.Claims`; without one, an environment
+    """`resources`: the episode's `env_workers.resources.Claims`; without one, an environment
     that needs sandboxes uses the process-wide default pools."""
     s = spec(name)
     if s.resources and resources is not None:

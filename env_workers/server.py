@@ -6,16 +6,20 @@
     GET    /v1/envs, /healthz
 
 Sessions are bounded (`max_sessions`, then 429) and an idle session is closed after
-`idle_s`. The worker owns the resource pools (`scheduler/resources.py`): it pre-warms the
-pools its environments declare, hands each session a `Claims` under the session's id, and
-releases whatever the session still holds when it is deleted or expires. A sandbox that
+`idle_s`. The worker owns the resource pools (`env_workers/resources.py`): it pre-warms the
+pools its environments declare, hands each session a `Claims` owned by the session's
+trajectory (`EnvOpen.trajectory_id`, so a sandbox lease names the trajectory everyone else
+knows), and releases whatever the session still holds when it is deleted or expires. A new
+session for a trajectory that still has one here (a restarted attempt) closes the old one. A sandbox that
 could not be had answers 503 `sandbox_unavailable` (another infrastructure trouble of the
 environment: 503 `env_unavailable`); the client raises `SandboxUnavailable`/`EnvUnavailable`.
 
-When given a Redis, the worker registers itself and heartbeats, so rollout workers find it;
-a worker that stops heartbeating drops out of rotation. The heartbeat rides out Redis
-outages (bounded back-off; the registration is written again on every beat, so a restarted
-or flushed Redis has it back within one beat). `/healthz` reports each background loop; if
+When given a `Registrar` (the service passes `scheduler.registry.Registry`: the one place
+that knows the keys), the worker announces itself and heartbeats, so rollout workers find
+it; a worker that stops heartbeating drops out of rotation. The heartbeat rides out outages
+of the registry (bounded back-off on the registrar's `unavailable` errors; the whole
+announcement is written again on every beat, so a restarted or flushed Redis has it back
+within one beat). `/healthz` reports each background loop; if
 one ever ends, `/healthz` answers 503 and the process stops with exit status 1, so its
 supervisor (`rollout up`, compose, Kubernetes) restarts it.
 """
@@ -25,36 +29,52 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import sys
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from env_workers import registry
 from env_workers.env import Env, EnvError, EnvUnavailable, SandboxUnavailable
-from env_workers.envs import judge
-from rollout_service import errors
-from rollout_service.errors import ApiError, NotFound, Overloaded
-from rollout_service.protocol import EnvAction, EnvOpen, EnvOpened, EnvStepped, WorkerInfo
-from scheduler.connection import UNAVAILABLE, Backoff
-from scheduler.resources import PoolSize, Pools
+from env_workers.resources import Pools, PoolSize
+from wire.envs import EnvAction, EnvOpen, EnvOpened, EnvStepped, WorkerInfo
+from wire.errors import ApiError, NotFound, Overloaded, error_body
 
 log = logging.getLogger(__name__)
+
+
+class Registrar(Protocol):
+    """Where an env worker announces itself. One narrow interface, so that one place (the
+    service's `scheduler.registry.Registry`) knows how announcements are stored."""
+
+    unavailable: tuple[type[BaseException], ...]  # errors meaning "the registry is away: try again soon"
+
+    async def announce_worker(self, info: WorkerInfo, pools: dict[str, int], ttl_s: int) -> None:
+        """Register (or refresh) this worker and its pool use, alive for `ttl_s`."""
+
+    async def withdraw_worker(self, worker_id: str) -> None: ...
 
 
 @dataclass(slots=True)
 class Session:
     id: str
+    owner: str  # the trajectory this episode belongs to: owner of its resource leases
     env: Env
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_used: float = field(default_factory=time.monotonic)
 
 
-class EnvError422(ApiError):
+class EnvRejected422(ApiError):
+    """The environment refused the task or action (`EnvError`): the client raises `EnvRejected`."""
+
     status, code = 422, "env_error"
 
 
@@ -71,7 +91,7 @@ def _api_error(e: Exception) -> ApiError:
         return SandboxUnavailable503(str(e))
     if isinstance(e, EnvUnavailable):
         return EnvUnavailable503(str(e))
-    return EnvError422(str(e))
+    return EnvRejected422(str(e))
 
 
 # Each env worker keeps a couple of sandboxes per declared spec warm and at most 64 alive;
@@ -79,9 +99,36 @@ def _api_error(e: Exception) -> ApiError:
 DEFAULT_POOL = PoolSize(warm=2, cap=64, wait_s=30.0)
 
 
-def create_app(max_sessions: int = 1024, idle_s: float = 600.0, registration=None, pools: Pools | None = None,
+def _install_errors(app: FastAPI) -> None:
+    """Every answer that is not a 200 in the one error shape (`wire.errors`)."""
+
+    @app.exception_handler(ApiError)
+    async def _api(_req, exc: ApiError):
+        return JSONResponse(error_body(exc.code, exc.message, exc.details), status_code=exc.status,
+                            headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_req, exc: RequestValidationError):
+        details = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+                   for e in exc.errors()]
+        return JSONResponse(error_body("invalid_request", "request failed validation", details), status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_req, exc: StarletteHTTPException):
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code,
+                            headers=dict(getattr(exc, "headers", None) or {}))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_req, exc: Exception):
+        log.exception("unhandled error")
+        return JSONResponse(error_body("internal", "internal error"), status_code=500)
+
+
+def create_app(max_sessions: int = 1024, idle_s: float = 600.0,
+               registration: tuple[Registrar, WorkerInfo] | None = None, pools: Pools | None = None,
                pool_size: PoolSize = DEFAULT_POOL, on_fatal=None) -> FastAPI:
-    """`registration`: optional (redis, keys, WorkerInfo) to announce this worker. `pools`:
+    """`registration`: optional (registrar, WorkerInfo) to announce this worker. `pools`:
     resource pools to use (and leave open); by default the app owns its own, sized `pool_size`.
     `on_fatal`: called once a background loop has died (`serve` passes one that stops the server)."""
     sessions: dict[str, Session] = {}
@@ -94,9 +141,11 @@ def create_app(max_sessions: int = 1024, idle_s: float = 600.0, registration=Non
         except Exception:  # noqa: BLE001 - the resources must be released anyway
             log.exception("closing session %s", sess.id)
         try:
-            pools.release(sess.id)
+            pools.release(sess.owner)
         except Exception:  # noqa: BLE001
             log.exception("releasing the resources of session %s", sess.id)
+        if owners.get(sess.owner) == sess.id:
+            del owners[sess.owner]
 
     async def reap_idle() -> None:
         while True:
@@ -109,33 +158,27 @@ def create_app(max_sessions: int = 1024, idle_s: float = 600.0, registration=Non
                     await run_in_threadpool(close_session, sess)
 
     async def beat_once() -> None:
-        r, keys, info = registration
+        registrar, info = registration
         use: dict[str, int] = {}  # pool use by resource kind, for the gateway's /metrics
         for name, st in pools.stats().items():
             for state, n in st.items():
                 key = f"{name.split(':', 1)[0]}:{state}"
                 use[key] = use.get(key, 0) + n
-        pipe = r.pipeline(transaction=False)
-        pipe.hset(keys.workers, info.id, info.model_dump_json())
-        pipe.set(keys.worker_alive(info.id), "1", ex=10)
-        pipe.delete(keys.worker_pools(info.id))
-        if use:
-            pipe.hset(keys.worker_pools(info.id), mapping=use)
-        pipe.expire(keys.worker_pools(info.id), 10)
-        await pipe.execute()
+        await registrar.announce_worker(info, use, ttl_s=10)
 
     async def heartbeat() -> None:
-        backoff = Backoff(cap_s=2.0)
+        failures = 0
         while True:
             try:
                 await beat_once()
-            except UNAVAILABLE as e:  # Redis restarting: try again soon, well inside the 10 s TTL
+            except registration[0].unavailable as e:  # Redis restarting: try again soon, well inside the 10 s TTL
                 loops["heartbeat"] = f"retrying: {e!r}"[:200]
-                log.warning("heartbeat failed: Redis unavailable (%r)", e)
-                await backoff.wait()
+                log.warning("heartbeat failed: registry unavailable (%r)", e)
+                failures += 1  # bounded, jittered back-off: 0.1 s doubling to 2 s
+                await asyncio.sleep(min(2.0, 0.1 * 2 ** min(failures - 1, 16)) * random.uniform(0.5, 1.0))
                 continue
             loops["heartbeat"] = "ok"
-            backoff.reset()
+            failures = 0
             await asyncio.sleep(3.0)
 
     def watch(name: str, task: asyncio.Task) -> None:
@@ -168,10 +211,9 @@ def create_app(max_sessions: int = 1024, idle_s: float = 600.0, registration=Non
         for t in tasks.values():
             t.cancel()
         if registration is not None:
-            r, keys, info = registration
+            registrar, info = registration
             with contextlib.suppress(Exception):
-                await r.hdel(keys.workers, info.id)
-                await r.delete(keys.worker_alive(info.id))
+                await registrar.withdraw_worker(info.id)
         for sess in list(sessions.values()):
             await run_in_threadpool(close_session, sess)
         sessions.clear()
@@ -179,10 +221,11 @@ def create_app(max_sessions: int = 1024, idle_s: float = 600.0, registration=Non
             await run_in_threadpool(pools.close)
 
     loops: dict[str, str] = {}  # background loop -> its state, for /healthz
+    owners: dict[str, str] = {}  # trajectory id -> its open session here
     stopping = False
     app = FastAPI(title="rollout-service env worker", lifespan=lifespan)
     app.state.fatal = False
-    errors.install(app)
+    _install_errors(app)
 
     @app.get("/healthz")
     async def healthz():
@@ -201,13 +244,18 @@ def create_app(max_sessions: int = 1024, idle_s: float = 600.0, registration=Non
         if len(sessions) >= max_sessions:
             raise Overloaded(f"env worker at its limit of {max_sessions} sessions")
         sid = uuid.uuid4().hex
-        sess = Session(sid, registry.make(body.env, resources=pools.claims(sid)))
+        owner = body.trajectory_id or sid
+        stale = sessions.pop(owners.get(owner, ""), None)
+        if stale is not None:  # an earlier attempt of this trajectory: its lease is gone, and so is its episode
+            await run_in_threadpool(close_session, stale)
+        sess = Session(sid, owner, registry.make(body.env, resources=pools.claims(owner)))
         try:
             obs, info = await run_in_threadpool(sess.env.reset, body.task, body.seed)
         except (EnvError, EnvUnavailable) as e:
             await run_in_threadpool(close_session, sess)
             raise _api_error(e) from e
         sessions[sid] = sess
+        owners[owner] = sid
         return EnvOpened(session_id=sid, observation=obs, info=info)
 
     @app.post("/v1/sessions/{sid}/step", response_model=EnvStepped)
@@ -237,22 +285,17 @@ def create_app(max_sessions: int = 1024, idle_s: float = 600.0, registration=Non
     return app
 
 
-def serve(host: str, port: int, redis_url: str | None, prefix: str, worker_id: str | None = None,
-          advertise: str | None = None, pool_size: PoolSize = DEFAULT_POOL, judge_prefix: str | None = None) -> None:
-    """`judge_prefix`: the registry (Redis key prefix) whose engines the `judge` env asks;
-    default the service's own. A separate one pins the judge to engines that training never
-    updates (the model under training must not grade itself)."""
+def serve(host: str, port: int, registrar: Registrar | None = None, worker_id: str | None = None,
+          advertise: str | None = None, pool_size: PoolSize = DEFAULT_POOL) -> None:
+    """Run an env worker until stopped. `registrar`: where to announce it (none: not announced,
+    its URL is given to rollout workers some other way)."""
     import uvicorn
 
     registration = None
-    if redis_url:
-        from scheduler.connection import connect
-        from scheduler.keys import Keys
-
+    if registrar is not None:
         info = WorkerInfo(id=worker_id or f"env-{host}-{port}", url=advertise or f"http://{host}:{port}",
                           envs=registry.names())
-        registration = (connect(redis_url), Keys(prefix), info)
-        judge.configure(judge.EngineJudge(redis_url, judge_prefix or prefix))  # the `judge` env asks the fleet
+        registration = (registrar, info)
     server: uvicorn.Server | None = None
 
     def stop() -> None:  # a clean shutdown, then the exit status below

@@ -19,7 +19,7 @@ restarted (state lost, and the text says so). The python interpreter keeps its g
 between calls and echoes the value of a trailing expression; a timeout restarts it.
 
 Non-goals: parsing tool calls out of model text (the environment does that), and choosing
-or reusing sandboxes (`scheduler/resources.py`).
+or reusing sandboxes (`env_workers/resources.py`).
 """
 
 from __future__ import annotations
@@ -127,7 +127,8 @@ class BashSession(_Session):
         self._term: Terminal | None = None
         self._tag = uuid.uuid4().hex[:12].encode()
         self._done = re.compile(rb"\n__RS_" + self._tag + rb"_(\d+)__\n")
-        self._intr = re.compile(rb"\n__RS_" + self._tag + rb"_INT__\n")
+        self._intr = re.compile(rb"\n__RS_" + self._tag + rb"_INT\d+__\n")  # any interrupt's marker
+        self._interrupts = 0
 
     def _start(self) -> Terminal:
         term = self.sandbox.spawn(list(self.shell))
@@ -157,6 +158,7 @@ class BashSession(_Session):
             m = reader.until(t0 + (timeout_s or self.timeout_s))
             if m is not None:
                 text, cut = reader.take()
+                text = self._intr.sub(b"\n", text.encode()).decode("utf-8", "replace")  # (see _interrupt)
                 return ToolResult(text, None, int(m.group(1)), cut, time.monotonic() - t0)
             return self._interrupt(reader, t0, timeout_s or self.timeout_s)
         except EOFError:
@@ -169,16 +171,26 @@ class BashSession(_Session):
     def _interrupt(self, reader: _Reader, t0: float, limit: float) -> ToolResult:
         term = self._term
         term.write(b"\x03")
-        time.sleep(0.05)  # let the ^C land before the next line, or the job may read it
-        term.write(f"printf '\\n__RS_%s_INT__\\n' {self._tag.decode()}\n".encode())
-        reader.marker = self._intr
+        self._interrupts += 1  # this interrupt's own marker: a late one from an earlier cannot answer it
+        n = self._interrupts
+        reader.marker = re.compile(rb"\n__RS_" + self._tag + b"_INT%d__\n" % n)
+        ask = f"printf '\\n__RS_%s_INT%d__\\n' {self._tag.decode()} {n}\n".encode()
         note = f"\n[timed out after {limit:g}s; interrupted with ^C]"
-        if reader.until(time.monotonic() + INTERRUPT_GRACE_S) is None:
+        # Ask the shell for a marker, again every second: on a loaded machine the ^C may reach
+        # the line discipline late and its input flush then swallows a line already sent. A
+        # marker asked for twice shows up later as output; `run` strips it.
+        deadline, answered = time.monotonic() + INTERRUPT_GRACE_S, None
+        while answered is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # let the ^C land before the next line, or the job may read it
+            term.write(ask)
+            answered = reader.until(min(deadline, time.monotonic() + 1.0))
+        if answered is None:
             self._kill()
+            reader.flush()  # keep what the command printed before it hung
             note = f"\n[timed out after {limit:g}s; the shell did not respond and was restarted: cwd and variables were reset]"
         text, cut = reader.take()
         # The original command's marker may have slipped into the output; it is not the model's.
-        text = self._done.sub(b"\n", text.encode()).decode("utf-8", "replace").rstrip("\n")
+        text = self._intr.sub(b"\n", self._done.sub(b"\n", text.encode())).decode("utf-8", "replace").rstrip("\n")
         return ToolResult(text + note, ToolFailure.timeout, None, cut, time.monotonic() - t0)
 
 

@@ -16,10 +16,9 @@ from fastapi import FastAPI, Request
 from rollout_service import __version__, errors
 from rollout_service.auth import ApiKeys, Principal
 from rollout_service.config import Settings
-from rollout_service.metrics import Metrics
-from rollout_service.protocol import ErrorResponse
 from rollout_service.engines.fleet import Fleet
 from rollout_service.limits import BodyLimit
+from rollout_service.metrics import Metrics
 from rollout_service.routes import admin, batches, board, docs, health, sessions
 from rollout_service.sessions import Sessions
 from scheduler.connection import connect
@@ -27,6 +26,7 @@ from scheduler.keys import Keys
 from scheduler.queue import Queue
 from scheduler.registry import Registry
 from scheduler.store import Store
+from wire import ErrorResponse
 
 
 def create_app(settings: Settings | None = None, redis: aioredis.Redis | None = None) -> FastAPI:

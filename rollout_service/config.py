@@ -16,6 +16,7 @@ class Settings:
     max_attempts: int = 3  # per trajectory, counting the first
     max_restarts: int = 20  # episodes lost to our faults (a peer died, Redis away): uncharged; stops poison work
     worker_concurrency: int = 32  # trajectories in flight per worker process
+    routing: str = "role_aware"  # routing policy (scheduler.router.POLICIES): role_aware | sticky
     max_request_bytes: int = 32 * 1024 * 1024
     max_trajectories_per_batch: int = 10_000  # tasks × group_size of one request
     max_task_bytes: int = 64 * 1024  # one task's JSON; Redis stores it once per trajectory, so × group_size
@@ -24,6 +25,9 @@ class Settings:
     sandbox_warm: int = 2  # env worker: idle sandboxes kept ready per spec
     sandbox_cap: int = 64  # env worker: most sandboxes of one spec alive at once
     sandbox_wait_s: float = 30.0  # env worker: longest wait for a sandbox at the cap, then a clear error
+    sandbox_backend: str = "bwrap"  # env worker: env_workers.sandbox.backends.BACKENDS, for specs naming none
+    sandbox_docker_url: str = ""  # docker backend: Docker API URL ("" = the environment's DOCKER_HOST or socket)
+    sandbox_image: str = ""  # docker backend: the image every sandbox container runs
     auth: bool = False  # on by itself when admin_key is set
     admin_key: str = ""  # bootstrap admin key, registered (hashed) at gateway start
 

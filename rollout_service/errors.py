@@ -1,11 +1,13 @@
-"""The error tree and the one JSON error shape of every HTTP endpoint.
+"""The gateway's renderer of the one JSON error shape (`wire.errors`).
 
-    ServiceError                    any error we raise on purpose
-    ├── ApiError(status, code)      rendered as {"error": {"code", "message", "details"}}
-    │   ├── NotFound                404
-    │   ├── Conflict                409
-    │   └── Overloaded              429 (backpressure: a bounded wait ran out, a quota is full)
-    └── (engine/env failures are data: see protocol.FailureKind)
+    ApiError(status, code)      rendered as {"error": {"code", "message", "details"}}
+    ├── NotFound                404
+    ├── Conflict                409
+    └── Overloaded              429 (backpressure: a bounded wait ran out, a quota is full)
+    (engine/env failures are data: see wire.FailureKind)
+
+The tree itself lives in `wire.errors` (plain exceptions, no framework), so the env worker
+and clients share it; this module only installs the handlers.
 
 Redis being unreachable (down, restarting, loading its data) renders as 503
 `redis_unavailable` with `Retry-After`, never as a 500: the caller may simply try again.
@@ -17,45 +19,11 @@ unexpected exception in that shape (the last as a 500 that hides internals).
 from __future__ import annotations
 
 import logging
-from typing import Any
+
+from wire.errors import ApiError
+from wire.errors import error_body as body
 
 log = logging.getLogger(__name__)
-
-
-class ServiceError(Exception):
-    pass
-
-
-class ApiError(ServiceError):
-    status = 400
-    code = "bad_request"
-
-    def __init__(self, message: str, details: Any = None, *, status: int | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.message = message
-        self.details = details
-        self.headers = headers  # e.g. Retry-After on a 429
-        if status is not None:
-            self.status = status
-        if code is not None:
-            self.code = code
-
-
-class NotFound(ApiError):
-    status, code = 404, "not_found"
-
-
-class Conflict(ApiError):
-    status, code = 409, "conflict"
-
-
-class Overloaded(ApiError):
-    status, code = 429, "overloaded"
-
-
-def body(code: str, message: str, details: Any = None) -> dict:
-    return {"error": {"code": code, "message": message, "details": details}}
 
 
 def _allowed_methods(app, path: str) -> list[str]:

@@ -18,11 +18,10 @@ import json
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
-from rollout_service import errors
 from rollout_service.config import Settings
-from rollout_service.errors import ApiError, Overloaded
-from rollout_service.protocol import RolloutRequest
 from scheduler.queue import QuotaExceeded
+from wire import RolloutRequest
+from wire.errors import ApiError, Overloaded, error_body
 
 # What a 429 tells the caller to wait: open trajectories finish at the fleet's pace, which the
 # gateway does not know; a few seconds keeps a polling trainer cheap without sleeping long.
@@ -95,5 +94,5 @@ class BodyLimit:
             await self._reject(scope, receive, send)  # read outside a route: nothing rendered it
 
     async def _reject(self, scope, receive, send):
-        response = JSONResponse(errors.body("too_large", f"request body over {self.limit} bytes"), status_code=413)
+        response = JSONResponse(error_body("too_large", f"request body over {self.limit} bytes"), status_code=413)
         await response(scope, receive, send)

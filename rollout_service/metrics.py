@@ -110,7 +110,7 @@ class Metrics:
         engines = await registry.engines()
         loads = await registry.engine_loads([e.id for e in engines])
         return Snapshot(depth=await queue.depth(), running=await queue.running(), stats=stats,
-                        engines=[(e.id, e.role, *loads[e.id]) for e in engines],
+                        engines=[(e.id, e.role if e.state == "ready" else e.state, *loads[e.id]) for e in engines],
                         workers=len(await registry.workers()), phases=await registry.phases(),
                         pools=await registry.pools(),
                         components={(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in

@@ -23,10 +23,11 @@ from env_workers.client import EnvBackend, EnvRejected, EnvUnavailable, EnvWorke
 from env_workers.env import SandboxUnavailable
 from rollout_service.engines.base import EngineError, EngineLost, GenerateRequest
 from rollout_service.engines.fleet import Fleet
-from rollout_service.protocol import Failure, FailureKind, Message, Trajectory, TrajectoryState, Turn, TurnTimings
 from rollout_service.tokens import TemplateDriftError, chat_tokens
+from rollout_service.turns import record_turn
 from scheduler.lifecycle import Lifecycle
 from scheduler.store import Work
+from wire import Failure, FailureKind, Message, Trajectory, TrajectoryState
 
 
 def _turn_seed(base: int | None, work: Work, turn: int) -> int | None:
@@ -82,7 +83,7 @@ async def run_episode(work: Work, fleet: Fleet, envs: EnvBackend, attempt: int =
 async def _loop(traj: Trajectory, work: Work, fleet: Fleet, envs: EnvBackend, attempt: str,
                 lc: Lifecycle) -> None:
     p = work.params
-    handle, opening = await envs.open(p.env, work.task, seed=work.sample_index)
+    handle, opening = await envs.open(p.env, work.task, seed=work.sample_index, trajectory_id=traj.id)
     try:
         tok_spec, tok = await fleet.tokenizer_for(traj.id)
         chat = chat_tokens(tok)
@@ -104,16 +105,8 @@ async def _loop(traj: Trajectory, work: Work, fleet: Fleet, envs: EnvBackend, at
             lc.on_prefill(traj.id, len(delta))
             res = await fleet.generate(traj.id, tok_spec, req)
             lc.on_tool(traj.id, len(res.output_ids))  # no first-token signal without streaming
-            t_gen = time.monotonic() - t_send
-            turn = Turn(index=index, prompt_ids=delta, output_ids=res.output_ids, output_logprobs=res.logprobs,
-                        finish_reason=res.finish_reason, policy_version=res.policy_version, engine_id=res.engine_id,
-                        segment=segment,
-                        timings=TurnTimings(prefill_s=res.prefill_s, decode_s=res.decode_s,
-                                            queue_s=max(t_gen - res.prefill_s - res.decode_s, 0.0)))
-            traj.turns.append(turn)
+            turn, action = record_turn(traj, delta, res, tok, segment, time.monotonic() - t_send)
             context += delta + res.output_ids
-            body = res.output_ids[:-1] if res.output_ids and res.output_ids[-1] == tok.eos_id else res.output_ids
-            action = tok.decode(body)
             traj.messages.append(Message(role="assistant", content=action))
 
             t_tool = time.monotonic()

@@ -22,18 +22,17 @@ import redis.asyncio as aioredis
 
 from rollout_service.engines.base import GenerateRequest
 from rollout_service.engines.fleet import Fleet
-from rollout_service.protocol import (
+from rollout_service.tokens import ChatTokens, TemplateDriftError, chat_tokens
+from rollout_service.turns import record_turn
+from scheduler.keys import Keys
+from wire import (
     ChatCompletionRequest,
     Message,
     SamplingParams,
     SessionCreate,
     Trajectory,
     TrajectoryState,
-    Turn,
-    TurnTimings,
 )
-from rollout_service.tokens import ChatTokens, TemplateDriftError, chat_tokens
-from scheduler.keys import Keys
 
 
 class SessionNotFound(KeyError):
@@ -103,14 +102,7 @@ class Sessions:
             t0 = time.monotonic()
             res = await self.fleet.generate(sid, spec, GenerateRequest(context + delta, sampling,
                                                                        f"{sid}-{len(traj.turns)}", [tok.eos_id]))
-            body = res.output_ids[:-1] if res.output_ids and res.output_ids[-1] == tok.eos_id else res.output_ids
-            text = tok.decode(body)
-            traj.turns.append(Turn(
-                index=len(traj.turns), prompt_ids=delta, output_ids=res.output_ids, output_logprobs=res.logprobs,
-                finish_reason=res.finish_reason, policy_version=res.policy_version, engine_id=res.engine_id,
-                segment=segment, timings=TurnTimings(prefill_s=res.prefill_s, decode_s=res.decode_s,
-                                                     queue_s=max(time.monotonic() - t0 - res.prefill_s
-                                                                 - res.decode_s, 0.0))))
+            _, text = record_turn(traj, delta, res, tok, segment, time.monotonic() - t0)
             traj.messages = [*messages, Message(role="assistant", content=text)]
             await self._save(traj)
             return Reply(text, res.finish_reason, len(context) + len(delta), len(res.output_ids))

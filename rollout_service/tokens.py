@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Protocol
 
-from rollout_service.protocol import Message
+from wire import Message
 
 # A fixed conversation rendered before the new messages, so that a template's
 # "continuation" can be measured as a suffix: render(BASE + new) minus render(BASE).

@@ -236,7 +236,7 @@ def run(args, console) -> None:
         engine_url, model, tokenizer = args.engine_url, args.model, args.tokenizer
         kind = "external" if engine_url else _engine_kind(args.engine, console)
         if kind == "vllm":
-            from rollout_service.engines import vllm_local
+            from rollout_service.local import vllm_local
 
             eport = free_port()
             mdir = vllm_local.model_dir(args.vllm_model)
@@ -253,9 +253,13 @@ def run(args, console) -> None:
         books = Bookkeeper(redis_url, s.key_prefix, [_engine_info("engine-0", engine_url, model, tokenizer)])
         books.register()
 
+        # The `judge` env asks the policy engine unless told otherwise ($ROLLOUT_JUDGE_URL):
+        # fine for a demo; a real run pins a judge that training never updates.
+        judge = [] if os.environ.get("ROLLOUT_JUDGE_URL") else [
+            "--judge-url", f"{engine_url}/v1", "--judge-model", model]
         for i in range(args.env_workers):
             wport = free_port()
-            sup.add(Child(f"env worker {i}", self_cmd("env-worker", "--port", str(wport), "--id", f"env-{i}"),
+            sup.add(Child(f"env worker {i}", self_cmd("env-worker", "--port", str(wport), "--id", f"env-{i}", *judge),
                           env, f"http://127.0.0.1:{wport}/healthz", log=logs / f"env-worker-{i}.log",
                           component=f"env-worker-{i}"))
         for i in range(args.workers):
@@ -282,7 +286,7 @@ def _engine_kind(choice: str, console) -> str:
     """auto: vLLM when `rollout engine prepare` has built it here, else the simulated engine."""
     if choice != "auto":
         return choice
-    from rollout_service.engines import vllm_local
+    from rollout_service.local import vllm_local
 
     if vllm_local.is_prepared("smollm2"):
         return "vllm"
@@ -291,7 +295,7 @@ def _engine_kind(choice: str, console) -> str:
 
 
 def _engine_info(eid: str, url: str, model: str, tokenizer: str):
-    from rollout_service.protocol import EngineInfo
+    from wire import EngineInfo
 
     return EngineInfo(id=eid, url=url, model=model, tokenizer=tokenizer)
 

@@ -26,17 +26,17 @@ import uuid
 from env_workers.client import EnvBackend, EnvWorkerLost
 from rollout_service.engines.base import EngineLost
 from rollout_service.engines.fleet import Fleet
-from rollout_service.protocol import Failure, FailureKind, Trajectory, TrajectoryState
 from rollout_service.rollout import run_episode
 from scheduler.connection import UNAVAILABLE, Backoff
 from scheduler.forecast import Forecaster
+from scheduler.keys import batch_of
 from scheduler.lifecycle import Lifecycle
 from scheduler.queue import Claim, LeaseLost, Queue
 from scheduler.store import Store
+from wire import Failure, FailureKind, Trajectory, TrajectoryState
 
 log = logging.getLogger(__name__)
 
-RETRYABLE = frozenset({FailureKind.engine, FailureKind.env, FailureKind.sandbox, FailureKind.internal})
 # Lost peers: the episode restarts, uncharged (see the module docstring).
 LOST = (EngineLost, EnvWorkerLost, *UNAVAILABLE)
 
@@ -131,13 +131,8 @@ class Worker:
                 if self.registry is not None:
                     await self.registry.report(self.id, self.fleet.loads(), set(self.fleet.down))
                     d = self.forecaster.forecast(self.lifecycle.live(), time.monotonic())
-                    await self.registry.report_phases(self.id, {
-                        **{f"phase:{ph.value}": n for ph, n in self.lifecycle.counts().items()},
-                        # summed over workers by scheduler.pd_control.demand_from
-                        "forecast:prefill_tokens": round(d.prefill_tokens), "forecast:decode_tokens":
-                            round(d.decode_tokens), "forecast:decode_seqs": round(d.decode_seqs),
-                        "forecast:context_tokens": round(d.mean_context * d.live), "forecast:turns": round(d.turns),
-                        "forecast:live": d.live, "forecast:response_tokens": round(d.mean_response * d.live)})
+                    await self.registry.report_phases(self.id, {  # summed over workers: Demand.from_report
+                        **{f"phase:{ph.value}": n for ph, n in self.lifecycle.counts().items()}, **d.report()})
             except UNAVAILABLE:
                 log.warning("engine probe skipped: Redis unavailable")
             except Exception:
@@ -223,7 +218,7 @@ class Worker:
         except Exception as e:
             log.exception("episode crashed", extra={"trajectory_id": claim.trajectory_id})
             traj = _failed_stub(claim, FailureKind.internal, f"episode crashed: {e!r}", work)
-        if (traj.state is TrajectoryState.failed and traj.failure and traj.failure.kind in RETRYABLE
+        if (traj.state is TrajectoryState.failed and traj.failure and traj.failure.kind.retryable
                 and claim.attempt < self.queue.max_attempts):
             log.info("retrying after an infrastructure failure", extra={
                 "trajectory_id": claim.trajectory_id, "batch_id": traj.batch_id, "attempt": claim.attempt,
@@ -243,7 +238,7 @@ class Worker:
 
 def _failed_stub(claim: Claim, kind: FailureKind, message: str, work=None) -> Trajectory:
     return Trajectory(
-        id=claim.trajectory_id, batch_id=work.batch_id if work else claim.trajectory_id.split("-")[0],
+        id=claim.trajectory_id, batch_id=work.batch_id if work else batch_of(claim.trajectory_id),
         group_index=work.group_index if work else 0, sample_index=work.sample_index if work else 0,
         env=work.params.env if work else "", task=work.task if work else {}, state=TrajectoryState.failed,
         failure=Failure(kind=kind, message=message), attempts=claim.attempt, restarts=claim.restarts,

@@ -124,6 +124,26 @@ class Demand:
     mean_response: float = 0.0  # tokens per response (a prefill engine never saw the last one)
     observed: int = 0  # responses the forecaster has learned from so far (few: the forecast is mostly prior)
 
+    def report(self) -> dict[str, int]:
+        """This worker's share, as the additive fields of a registry report (`forecast:*`): means
+        travel as totals (mean × live), so the sum of every worker's report is the cluster's."""
+        return {"forecast:prefill_tokens": round(self.prefill_tokens), "forecast:decode_tokens":
+                round(self.decode_tokens), "forecast:decode_seqs": round(self.decode_seqs),
+                "forecast:context_tokens": round(self.mean_context * self.live), "forecast:turns": round(self.turns),
+                "forecast:live": self.live, "forecast:response_tokens": round(self.mean_response * self.live)}
+
+    @classmethod
+    def from_report(cls, report: dict[str, int], horizon_s: float) -> Demand:
+        """The cluster's demand from summed reports (other keys ignored); means weighted by live count."""
+        f = {k: float(report.get(f"forecast:{k}", 0)) for k in _REPORTED}
+        live = max(f["live"], 1.0)
+        return cls(horizon_s=horizon_s, prefill_tokens=f["prefill_tokens"], decode_tokens=f["decode_tokens"],
+                   decode_seqs=f["decode_seqs"], mean_context=f["context_tokens"] / live, turns=f["turns"],
+                   live=int(f["live"]), mean_response=f["response_tokens"] / live)
+
+
+_REPORTED = ("prefill_tokens", "decode_tokens", "decode_seqs", "context_tokens", "turns", "live", "response_tokens")
+
 
 @dataclass(slots=True)
 class ForecastError:

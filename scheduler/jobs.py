@@ -7,7 +7,7 @@ sending a result. Batches: queued -> running -> completed | cancelled (in the sa
 
 from __future__ import annotations
 
-from rollout_service.protocol import TrajectoryState as S
+from wire import TrajectoryState as S
 
 TRANSITIONS: dict[S, frozenset[S]] = {
     S.queued: frozenset({S.running, S.cancelled}),

@@ -10,7 +10,7 @@
     {p}traj:{tid}                 hash   state, spec json, attempts (charged), restarts (ours), lease token, result json
     {p}idem:{key}                 string batch id for an idempotency key
     {p}engines                    hash   engine id -> EngineInfo json
-    {p}engine:{id}:load           hash   worker id -> in-flight tokens it has on that engine (TTL)
+    {p}engine:{id}:load           hash   worker id -> "tokens@unix time" it has in flight on that engine (TTL)
     {p}engine:{id}:down           string present while a worker's probe finds the engine down (TTL)
     {p}workers                    hash   env worker id -> WorkerInfo json
     {p}worker:{id}:alive          string present while the env worker heartbeats (TTL)
@@ -32,6 +32,16 @@ name); the tests read everything back through `Keys`, so a drift between the two
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+
+def trajectory_id(batch_id: str, group: int, sample: int) -> str:
+    """A trajectory's id, `{batch}-{group}-{sample}`: written here, read back by `batch_of`
+    (batch ids are hex, without '-')."""
+    return f"{batch_id}-{group}-{sample}"
+
+
+def batch_of(trajectory_id: str) -> str:
+    return trajectory_id.split("-", 1)[0]
 
 
 @dataclass(frozen=True, slots=True)

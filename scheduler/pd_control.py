@@ -3,7 +3,7 @@
 Every few seconds: sum the demand forecasts that rollout workers report (each worker runs
 a `Lifecycle` + `Forecaster` over its own trajectories), read every engine's in-flight
 tokens, let the same `Allocator` the simulator drives decide, and publish roles to the
-registry. An engine being moved is published as `draining`, so routers send it nothing
+registry. An engine being moved is published in state `draining`, so routers send it nothing
 new; once its in-flight tokens reach zero it takes its new role. Workers follow the
 registry within a refresh (2 s).
 
@@ -26,20 +26,6 @@ from scheduler.roles import EngineRole, Role
 
 log = logging.getLogger(__name__)
 
-# Fields a worker reports under "forecast:" (see rollout_service.worker), summed here.
-DEMAND_FIELDS = ("prefill_tokens", "decode_tokens", "decode_seqs", "context_tokens", "turns", "live",
-                 "response_tokens")
-
-
-def demand_from(report: dict[str, int], horizon_s: float) -> Demand:
-    """The cluster's demand: sums of the workers' forecasts; means weighted by live count."""
-    f = {k: float(report.get(f"forecast:{k}", 0)) for k in DEMAND_FIELDS}
-    live = max(f["live"], 1.0)
-    return Demand(horizon_s=horizon_s, prefill_tokens=f["prefill_tokens"], decode_tokens=f["decode_tokens"],
-                  decode_seqs=f["decode_seqs"], mean_context=f["context_tokens"] / live, turns=f["turns"],
-                  live=int(f["live"]), mean_response=f["response_tokens"] / live)
-
-
 class PDController:
     def __init__(self, registry: Registry, capacity: Capacity | None = None, config: AllocatorConfig | None = None,
                  horizon_s: float = 10.0, drain_tok_s: float = 2_000.0, clock: Callable[[], float] = time.monotonic):
@@ -57,7 +43,7 @@ class PDController:
             a = Allocator(engines, self.capacity, self.config, Layout(0, 0, len(engines)), now)
             for eid, role in engines.items():  # each engine starts in its published role
                 a.engines[eid] = EngineRole(eid)
-                a.engines[eid].ready(now, Role(role) if role in ("prefill", "decode") else Role.mixed)
+                a.engines[eid].ready(now, Role(role))
             self.allocator = a
         return a
 
@@ -66,17 +52,22 @@ class PDController:
         infos = await self.registry.engines()
         if not infos:
             return []
+        fresh = self.allocator is None or set(self.allocator.engines) != {e.id for e in infos}
         a = self._sync({e.id: e.role for e in infos}, now)
+        if fresh:  # a drain planned by an earlier allocator died with it: serve the published role again
+            for e in infos:
+                if e.state == "draining":
+                    await self.registry.set_role(e.id, e.role)
         loads = await self.registry.engine_loads([e.id for e in infos])
         for eid in a.draining():
             if loads[eid][0] == 0:
                 role = a.drained(eid, now)
                 await self.registry.set_role(eid, role.value)
                 log.info("engine switched role", extra={"engine": eid, "role": role.value})
-        d = demand_from(await self.registry.phases(), self.horizon_s)
+        d = Demand.from_report(await self.registry.phases(), self.horizon_s)
         moves = a.allocate(d, {e: tokens / self.drain_tok_s for e, (tokens, _) in loads.items()}, now)
         for m in moves:
-            await self.registry.set_role(m.engine, "draining")
+            await self.registry.drain(m.engine)
             log.info("engine draining for a new role", extra={"engine": m.engine, "from": m.old.value,
                                                               "to": m.new.value})
         return moves

@@ -19,7 +19,9 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
-from rollout_service.protocol import (
+from scheduler.jobs import IllegalTransition, check_transition
+from scheduler.keys import Keys, trajectory_id
+from wire import (
     BatchCreated,
     Failure,
     FailureKind,
@@ -27,8 +29,6 @@ from rollout_service.protocol import (
     Trajectory,
     TrajectoryState,
 )
-from scheduler.jobs import IllegalTransition, check_transition
-from scheduler.keys import Keys
 
 # Shared Lua: move trajectory `tid` (hash `tkey`) of batch hash `bkey` to a new state,
 # keeping per-state counters, the lease zset, the queue and the event stream consistent.
@@ -275,7 +275,7 @@ class Queue:
         for g, task in enumerate(req.tasks):
             task_json = json.dumps(task)
             for s in range(req.group_size):
-                args += [f"{bid}-{g}-{s}", g, s, task_json]
+                args += [trajectory_id(bid, g, s), g, s, task_json]
         got_bid, created, *open_now = await self._enqueue(args=args)
         if created < 0:
             raise QuotaExceeded(tenant, int(open_now[0]), req.num_trajectories, max_open)

@@ -1,17 +1,23 @@
 """Who is out there: engines and env workers, registered in Redis.
 
 Engines are registered by an operator (API/CLI) and stay until removed. Env workers
-register themselves and heartbeat a short-TTL key; one without a live key is ignored.
+register themselves and heartbeat a short-TTL key (`announce_worker`, the env worker's
+`Registrar` interface); one without a live key is ignored. This module is the one place that
+knows how engines and workers are stored, and `engines()`/`engine(id)` the one way to read an
+engine's kind, role, state (ready | draining) and policy version: everyone else keeps at most
+a cache of them.
 """
 
 from __future__ import annotations
 
 import random
+import time
 
 import redis.asyncio as aioredis
 
-from rollout_service.protocol import EngineInfo, WorkerInfo
+from scheduler.connection import UNAVAILABLE
 from scheduler.keys import Keys
+from wire import EngineInfo, WorkerInfo
 
 
 class UnknownEnv(ValueError):
@@ -19,6 +25,8 @@ class UnknownEnv(ValueError):
 
 
 class Registry:
+    unavailable = UNAVAILABLE  # what a caller riding out a Redis outage retries on
+
     def __init__(self, redis: aioredis.Redis, keys: Keys | None = None):
         self.r = redis
         self.k = keys or Keys()
@@ -33,30 +41,37 @@ class Registry:
         raw = await self.r.hget(self.k.engines, engine_id)
         return EngineInfo.model_validate_json(raw) if raw else None
 
-    async def set_policy_version(self, engine_id: str, version: int, model: str | None = None) -> None:
+    async def _update(self, engine_id: str, **fields) -> EngineInfo:
         info = await self.engine(engine_id)
         if info is None:
             raise KeyError(engine_id)
-        update = {"policy_version": version} | ({"model": model} if model else {})
-        await self.add_engine(info.model_copy(update=update))
-
-    async def set_role(self, engine_id: str, role: str) -> EngineInfo:
-        info = await self.engine(engine_id)
-        if info is None:
-            raise KeyError(engine_id)
-        info = info.model_copy(update={"role": role})
+        info = info.model_copy(update=fields)
         await self.add_engine(info)
         return info
+
+    async def set_policy_version(self, engine_id: str, version: int, model: str | None = None) -> None:
+        await self._update(engine_id, policy_version=version, **({"model": model} if model else {}))
+
+    async def set_role(self, engine_id: str, role: str) -> EngineInfo:
+        """Serve `role` from now on (ready)."""
+        return await self._update(engine_id, role=role, state="ready")
+
+    async def drain(self, engine_id: str) -> EngineInfo:
+        """No new work: the engine finishes what it holds before its next `set_role`."""
+        return await self._update(engine_id, state="draining")
 
     async def engines(self) -> list[EngineInfo]:
         return sorted((EngineInfo.model_validate_json(v) for v in (await self.r.hgetall(self.k.engines)).values()),
                       key=lambda e: e.id)
 
     async def report(self, worker_id: str, loads: dict[str, int], down: set[str], ttl_s: int = 10) -> None:
-        """A worker's view of the engines: its in-flight tokens on each, and which look down."""
+        """A worker's view of the engines: its in-flight tokens on each, and which look down.
+        Each entry carries its time: one from a worker that died is ignored after `ttl_s` even
+        while other workers keep the key alive (it would hold a draining engine forever)."""
+        now = int(time.time())
         pipe = self.r.pipeline(transaction=False)
         for eid, tokens in loads.items():
-            pipe.hset(self.k.engine_load(eid), worker_id, tokens)
+            pipe.hset(self.k.engine_load(eid), worker_id, f"{tokens}@{now}")
             pipe.expire(self.k.engine_load(eid), ttl_s)
         for eid in down:
             pipe.set(self.k.engine_down(eid), worker_id, ex=ttl_s)
@@ -87,14 +102,36 @@ class Registry:
                 out[k] = out.get(k, 0) + int(v)
         return out
 
-    async def engine_loads(self, engine_ids: list[str]) -> dict[str, tuple[int, bool]]:
-        """engine id -> (in-flight tokens summed over workers, up?)"""
+    async def engine_loads(self, engine_ids: list[str], ttl_s: int = 10) -> dict[str, tuple[int, bool]]:
+        """engine id -> (in-flight tokens summed over workers reporting within `ttl_s`, up?)"""
         pipe = self.r.pipeline(transaction=False)
         for eid in engine_ids:
             pipe.hvals(self.k.engine_load(eid))
             pipe.exists(self.k.engine_down(eid))
         got = await pipe.execute()
-        return {eid: (sum(int(v) for v in got[2 * i]), not got[2 * i + 1]) for i, eid in enumerate(engine_ids)}
+        oldest = time.time() - ttl_s
+
+        def fresh(raw: bytes | str) -> int:
+            tokens, _, at = (raw.decode() if isinstance(raw, bytes) else raw).partition("@")
+            return int(tokens) if not at or int(at) >= oldest else 0
+
+        return {eid: (sum(fresh(v) for v in got[2 * i]), not got[2 * i + 1]) for i, eid in enumerate(engine_ids)}
+
+    async def announce_worker(self, info: WorkerInfo, pools: dict[str, int], ttl_s: int = 10) -> None:
+        """An env worker's heartbeat: its registration (rewritten every beat, so a flushed Redis
+        has it back within one), a live key and its pool use ({kind}:{state} -> n), for `ttl_s`."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hset(self.k.workers, info.id, info.model_dump_json())
+        pipe.set(self.k.worker_alive(info.id), "1", ex=ttl_s)
+        pipe.delete(self.k.worker_pools(info.id))
+        if pools:
+            pipe.hset(self.k.worker_pools(info.id), mapping=pools)
+        pipe.expire(self.k.worker_pools(info.id), ttl_s)
+        await pipe.execute()
+
+    async def withdraw_worker(self, worker_id: str) -> None:
+        await self.r.hdel(self.k.workers, worker_id)
+        await self.r.delete(self.k.worker_alive(worker_id))
 
     async def workers(self, live: bool = True) -> list[WorkerInfo]:
         """Env workers that heartbeat (`live=False`: every one ever registered, dead or alive)."""

@@ -1,22 +1,28 @@
-"""Engine routing: which engine serves a trajectory's next turn.
+"""Engine routing: which engine serves a trajectory's next turn. A plug point: a policy is
+any `RoutingPolicy`, chosen by the setting `ROLLOUT_ROUTING` from `POLICIES`.
 
-`StickyLeastLoaded` keeps a trajectory on the engine that served its last turn (its prefix
-is in that engine's KV cache) and sends a new trajectory to the engine with the fewest
-in-flight tokens. `RoleAware` routes the prefill and the decode of a turn by engine role
-(prefill/decode disaggregation). Policies are plain objects with `pick` and `forget`; loads
-are passed in.
+`StickyLeastLoaded` (`sticky`) keeps a trajectory on the engine that served its last turn
+(its prefix is in that engine's KV cache) and sends a new trajectory to the engine with the
+fewest in-flight tokens; it ignores roles. `RoleAware` (`role_aware`, the default) routes the
+prefill and the decode of a turn by engine role (prefill/decode disaggregation). Loads and
+roles are passed in on every call: the registry is their one source, a policy keeps only its
+stickiness.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from scheduler.roles import Role
 
 
 class RoutingPolicy(Protocol):
-    def pick(self, trajectory_id: str, loads: Mapping[str, int]) -> str: ...
+    def route(self, trajectory_id: str, loads: Mapping[str, int], roles: Mapping[str, Role]) -> tuple[str, str]:
+        """(prefill engine, decode engine) for the trajectory's next turn: one engine twice
+        unless roles split the turn. `loads`: in-flight tokens of the engines that may serve;
+        `roles`: the role of each engine taking new work (a draining engine is absent).
+        Raises `NoEngine` when none fits."""
 
     def forget(self, trajectory_id: str) -> None: ...
 
@@ -41,6 +47,10 @@ class StickyLeastLoaded:
             self._sticky[trajectory_id] = eid
         return eid
 
+    def route(self, trajectory_id: str, loads: Mapping[str, int], roles: Mapping[str, Role]) -> tuple[str, str]:
+        eid = self.pick(trajectory_id, loads)
+        return eid, eid
+
     def forget(self, trajectory_id: str) -> None:
         self._sticky.pop(trajectory_id, None)
 
@@ -50,18 +60,16 @@ class RoleAware:
     to a `decode` engine, or kept where it was prefilled when that engine is `mixed` (no KV
     transfer). Each half is sticky per trajectory (prefix caches), least-loaded otherwise.
 
-    Roles come from the allocator through `set_roles`; an engine missing from the roles
-    (draining, dead, unknown) gets nothing new. With every engine `mixed` this routes exactly
-    like `StickyLeastLoaded`. `pick`/`forget` make it a `RoutingPolicy` (pick = the prefill).
-    A sticky hit reads only its own engine's entry in `loads`, so a lazy mapping stays cheap.
+    Roles come with every call (from the registry, through the fleet); an engine missing from
+    them (draining, dead, unknown) gets nothing new. With every engine `mixed` this routes
+    exactly like `StickyLeastLoaded`. A sticky hit reads only its own engine's entry in
+    `loads`, so a lazy mapping stays cheap.
 
-        router = RoleAware({"e0": Role.prefill, "e1": Role.decode})
-        p = router.pick_prefill(tid, loads); d = router.pick_decode(tid, loads, p)
+        router = RoleAware()
+        p, d = router.route(tid, loads, {"e0": Role.prefill, "e1": Role.decode})
     """
 
-    def __init__(self, roles: Mapping[str, Role] | None = None, max_tracked: int = 100_000,
-                 rebalance: float = 2.0, slack_tokens: int = 65_536):
-        self.roles: dict[str, Role] = dict(roles or {})
+    def __init__(self, max_tracked: int = 100_000, rebalance: float = 2.0, slack_tokens: int = 65_536):
         self._max = max_tracked
         # Stickiness yields when the sticky engine holds more than `rebalance` times the least-loaded
         # one's tokens plus `slack_tokens`: after a role change, conversations stuck to a few engines
@@ -70,36 +78,35 @@ class RoleAware:
         self._prefill: dict[str, str] = {}  # trajectory -> engine; bounded, oldest dropped first
         self._decode: dict[str, str] = {}
 
-    def set_roles(self, roles: Mapping[str, Role]) -> None:
-        self.roles = dict(roles)
+    def route(self, trajectory_id: str, loads: Mapping[str, int], roles: Mapping[str, Role]) -> tuple[str, str]:
+        p = self.pick_prefill(trajectory_id, loads, roles)
+        return p, self.pick_decode(trajectory_id, loads, p, roles)
 
-    def pick(self, trajectory_id: str, loads: Mapping[str, int]) -> str:
-        return self.pick_prefill(trajectory_id, loads)
-
-    def pick_prefill(self, trajectory_id: str, loads: Mapping[str, int]) -> str:
+    def pick_prefill(self, trajectory_id: str, loads: Mapping[str, int], roles: Mapping[str, Role]) -> str:
         eid = self._prefill.get(trajectory_id)
-        sticky = eid is not None and eid in loads and eid in self.roles and self.roles[eid].prefills
+        sticky = eid is not None and eid in loads and eid in roles and roles[eid].prefills
         if sticky and (not self.rebalance or loads[eid] <= self.slack):
             return eid
-        able = [e for e in loads if e in self.roles and self.roles[e].prefills]
+        able = [e for e in loads if e in roles and roles[e].prefills]
         if not able:
             raise NoEngine("no engine takes prefill")
         if sticky and loads[eid] <= self.rebalance * min(loads[e] for e in able) + self.slack:
             return eid
         return self._stick(self._prefill, trajectory_id, able, loads)
 
-    def pick_decode(self, trajectory_id: str, loads: Mapping[str, int], prefilled_on: str) -> str:
+    def pick_decode(self, trajectory_id: str, loads: Mapping[str, int], prefilled_on: str,
+                    roles: Mapping[str, Role]) -> str:
         """Where the decode runs after a prefill on `prefilled_on`: there if it decodes (a mixed
         engine, or one that became a decode engine while the prefill was queued), else a decode
         engine."""
-        if prefilled_on in self.roles and self.roles[prefilled_on].decodes:
+        if prefilled_on in roles and roles[prefilled_on].decodes:
             return prefilled_on
         eid = self._decode.get(trajectory_id)
-        if eid is not None and eid in loads and self.roles.get(eid) is Role.decode:
+        if eid is not None and eid in loads and roles.get(eid) is Role.decode:
             return eid
-        able = [e for e in loads if self.roles.get(e) is Role.decode]
+        able = [e for e in loads if roles.get(e) is Role.decode]
         if not able:
-            able = [e for e in loads if e in self.roles and self.roles[e].decodes]
+            able = [e for e in loads if e in roles and roles[e].decodes]
         if not able:
             raise NoEngine("no engine takes decode")
         return self._stick(self._decode, trajectory_id, able, loads)
@@ -115,3 +122,18 @@ class RoleAware:
     def forget(self, trajectory_id: str) -> None:
         self._prefill.pop(trajectory_id, None)
         self._decode.pop(trajectory_id, None)
+
+
+# The routing policies a deployment can choose (`ROLLOUT_ROUTING`). A new policy: a class with
+# `route` and `forget` in its own module, and one line here.
+POLICIES: dict[str, Callable[[], RoutingPolicy]] = {
+    "role_aware": RoleAware,
+    "sticky": StickyLeastLoaded,
+}
+
+
+def make_policy(name: str) -> RoutingPolicy:
+    try:
+        return POLICIES[name]()
+    except KeyError:
+        raise ValueError(f"no routing policy {name!r}; known: {', '.join(POLICIES)}") from None

@@ -9,7 +9,8 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from rollout_service.protocol import (
+from scheduler.keys import Keys
+from wire import (
     BatchState,
     BatchStatus,
     Failure,
@@ -19,7 +20,6 @@ from rollout_service.protocol import (
     TrajectoryEvent,
     TrajectoryState,
 )
-from scheduler.keys import Keys
 
 
 def _s(v: bytes | str | None) -> str | None:
@@ -100,7 +100,7 @@ class Store:
         out = []
         for g, members in sorted(groups.items()):
             members.sort(key=lambda m: m[0])
-            usable = [m for m in members if m[1] in (TrajectoryState.completed, TrajectoryState.truncated)]
+            usable = [m for m in members if m[1].usable]
             out.append(GroupStatus(
                 group_index=g, size=len(members), done=sum(m[1].terminal for m in members), usable=len(usable),
                 failed=sum(m[1] is TrajectoryState.failed for m in members),

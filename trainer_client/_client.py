@@ -25,19 +25,24 @@ from typing import Any
 
 import httpx
 
-from rollout_service.protocol import (
+from trainer_client._errors import APIError, NotFoundError, TransportError, WeightUpdateError
+from wire import (
+    ApiKeyCreate,
+    ApiKeyCreated,
     BatchCreated,
     BatchStatus,
+    EngineRoleUpdate,
     GroupStatus,
     RolloutRequest,
     SamplingParams,
+    StateRules,
     Trajectory,
     TrajectoryEvent,
     TrajectoryPage,
     WeightUpdate,
     WeightUpdateResult,
+    WorkerInfo,
 )
-from trainer_client._errors import APIError, NotFoundError, TransportError, WeightUpdateError
 
 _RETRY_STATUS = frozenset({502, 503, 504})  # a gateway or its Redis restarting
 
@@ -87,9 +92,9 @@ class _Base:
         return result
 
     @staticmethod
-    def check(r: httpx.Response) -> Any:
+    def check(r: httpx.Response, text: bool = False) -> Any:
         if r.status_code < 400:
-            return r.json()
+            return r.text if text else r.json()
         try:
             err = r.json()["error"]
         except (ValueError, KeyError, TypeError):
@@ -138,7 +143,7 @@ class RolloutClient(_Base):
     def close(self) -> None:
         self._http.close()
 
-    def _req(self, method: str, path: str, **kw: Any) -> Any:
+    def _req(self, method: str, path: str, text: bool = False, **kw: Any) -> Any:
         tries = 0
         while True:
             try:
@@ -148,7 +153,7 @@ class RolloutClient(_Base):
                     raise TransportError(f"cannot reach {self.base_url}: {e!r}") from e
             else:
                 if (wait := self.delay(tries, method, kw, response=r)) is None:
-                    return self.check(r)
+                    return self.check(r, text)
             time.sleep(wait)
             tries += 1
 
@@ -217,11 +222,24 @@ class RolloutClient(_Base):
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             st = self.status(batch_id)
-            if st.state.value in ("completed", "cancelled") and st.finished_at is not None:
+            if st.state.terminal and st.finished_at is not None:
                 return st
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"batch {batch_id} not done after {timeout}s")
             time.sleep(poll_s)
+
+    def batches(self, limit: int = 20) -> list[BatchStatus]:
+        """The most recent batches (the caller's tenant's; every tenant's for an admin key)."""
+        return [BatchStatus.model_validate(b) for b in self._req("GET", "/v1/batches", params={"limit": limit})]
+
+    def states(self) -> StateRules:
+        return StateRules.model_validate(self._req("GET", "/v1/states"))
+
+    def metrics(self) -> str:
+        """The gateway's Prometheus text (what `rollout status` renders as tables)."""
+        return self._req("GET", "/metrics", text=True)
+
+    # -- admin (an admin key when auth is on) --
 
     def engines(self) -> list[dict]:
         return self._req("GET", "/v1/engines")
@@ -231,6 +249,18 @@ class RolloutClient(_Base):
 
     def deregister_engine(self, engine_id: str) -> dict:
         return self._req("DELETE", f"/v1/engines/{engine_id}")
+
+    def set_engine_role(self, engine_id: str, role: str) -> dict:
+        """prefill | decode | mixed (what the allocator otherwise decides)."""
+        return self._req("PUT", f"/v1/engines/{engine_id}/role", json=EngineRoleUpdate(role=role).model_dump())
+
+    def workers(self) -> list[WorkerInfo]:
+        return [WorkerInfo.model_validate(w) for w in self._req("GET", "/v1/workers")]
+
+    def create_api_key(self, tenant: str, admin: bool = False) -> ApiKeyCreated:
+        """A new key for `tenant`; the answer is the only time it is shown."""
+        return ApiKeyCreated.model_validate(self._req("POST", "/v1/keys", json=ApiKeyCreate(
+            tenant=tenant, admin=admin).model_dump()))
 
     def update_weights(self, path: str | None = None, lora: tuple[str, str] | None = None,
                        version: int | None = None, timeout: float = 600.0) -> WeightUpdateResult:
@@ -256,7 +286,7 @@ class AsyncRolloutClient(_Base):
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def _req(self, method: str, path: str, **kw: Any) -> Any:
+    async def _req(self, method: str, path: str, text: bool = False, **kw: Any) -> Any:
         tries = 0
         while True:
             try:
@@ -266,7 +296,7 @@ class AsyncRolloutClient(_Base):
                     raise TransportError(f"cannot reach {self.base_url}: {e!r}") from e
             else:
                 if (wait := self.delay(tries, method, kw, response=r)) is None:
-                    return self.check(r)
+                    return self.check(r, text)
             await asyncio.sleep(wait)
             tries += 1
 
@@ -328,6 +358,35 @@ class AsyncRolloutClient(_Base):
         async for ev in self.events(batch_id):
             yield await self.trajectory(ev.trajectory_id)
 
+    async def batches(self, limit: int = 20) -> list[BatchStatus]:
+        return [BatchStatus.model_validate(b) for b in await self._req("GET", "/v1/batches", params={"limit": limit})]
+
+    async def states(self) -> StateRules:
+        return StateRules.model_validate(await self._req("GET", "/v1/states"))
+
+    async def metrics(self) -> str:
+        return await self._req("GET", "/metrics", text=True)
+
+    async def engines(self) -> list[dict]:
+        return await self._req("GET", "/v1/engines")
+
+    async def register_engine(self, id: str, url: str, **kw: Any) -> dict:
+        return await self._req("POST", "/v1/engines", json={"id": id, "url": url, **kw})
+
+    async def deregister_engine(self, engine_id: str) -> dict:
+        return await self._req("DELETE", f"/v1/engines/{engine_id}")
+
+    async def set_engine_role(self, engine_id: str, role: str) -> dict:
+        return await self._req("PUT", f"/v1/engines/{engine_id}/role",
+                               json=EngineRoleUpdate(role=role).model_dump())
+
+    async def workers(self) -> list[WorkerInfo]:
+        return [WorkerInfo.model_validate(w) for w in await self._req("GET", "/v1/workers")]
+
+    async def create_api_key(self, tenant: str, admin: bool = False) -> ApiKeyCreated:
+        return ApiKeyCreated.model_validate(await self._req("POST", "/v1/keys", json=ApiKeyCreate(
+            tenant=tenant, admin=admin).model_dump()))
+
     async def update_weights(self, path: str | None = None, lora: tuple[str, str] | None = None,
                              version: int | None = None, timeout: float = 600.0) -> WeightUpdateResult:
         return self.checked_update(WeightUpdateResult.model_validate(await self._req(
@@ -337,7 +396,7 @@ class AsyncRolloutClient(_Base):
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             st = await self.status(batch_id)
-            if st.state.value in ("completed", "cancelled") and st.finished_at is not None:
+            if st.state.terminal and st.finished_at is not None:
                 return st
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"batch {batch_id} not done after {timeout}s")

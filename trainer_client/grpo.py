@@ -13,7 +13,7 @@ and is skipped too.
 logprobs of those tokens (vLLM serves `processed_logprobs`: the distribution it sampled
 from), so the importance ratio in `clipped_loss` needs no second forward pass.
 
-    >>> from rollout_service.protocol import Trajectory, Turn
+    >>> from wire import Trajectory, Turn
     >>> def traj(i, reward, output_ids):
     ...     turn = Turn(index=0, prompt_ids=[1, 5, 6], output_ids=output_ids, output_logprobs=[-0.5] * len(output_ids),
     ...                 finish_reason="stop", policy_version=0, engine_id="e0")
@@ -47,7 +47,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rollout_service.protocol import Trajectory
+from wire import Trajectory
 
 if TYPE_CHECKING:
     import torch

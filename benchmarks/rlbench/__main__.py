@@ -29,7 +29,7 @@ def cmd_setup(args) -> None:
 
     model = args.base_model
     if model is None:
-        from rollout_service.engines import vllm_local
+        from rollout_service.local import vllm_local
 
         model = vllm_local.prepare_model("smollm2")  # cached after the first time
     try:

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from benchmarks.rlbench.catalog import BenchTask
-from rollout_service.protocol import TrajectoryState
 from trainer_client import AsyncRolloutClient, RolloutError, WeightUpdateError
+from wire import TrajectoryState
 
 MIN_USABLE = 0.9  # below this share of usable test trajectories a score would mislead
 

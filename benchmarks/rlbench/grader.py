@@ -21,7 +21,7 @@ from pathlib import Path
 from benchmarks.rlbench.evaluate import EvaluationFailed, Evaluator, NotLoadable
 from benchmarks.rlbench.records import RunRecord, Status, SubmissionRecord
 from benchmarks.rlbench.workspace import State, model_problem
-from rollout_service.errors import ApiError, NotFound, Overloaded
+from wire.errors import ApiError, NotFound, Overloaded
 
 
 class ModelNotFound(NotFound):

@@ -21,7 +21,7 @@ def task_info(spec: BenchTask, cfg, n_train: int, service_url: str) -> dict[str,
 _JUDGE_NOTE = """
 **About the judge.** The grader's judge is fixed: the *base* model, served by the grader on an
 engine of its own that submissions never touch (or a stronger engine the operator named).
-In your own service (`rollout up`), the `judge` environment asks the engines of *your* fleet:
+In your own service (`rollout up`), the `judge` environment asks *your* policy engine:
 the model you train judges itself there, and a reward it learns to inflate that way will not
 carry over to the grader's fixed judge.
 """

@@ -4,8 +4,9 @@
     policy engine   simulated, or vLLM serving the base model      registry prefix P
     judge engine    judge tasks only: a simulated judge, vLLM       registry prefix P + "judge:"
                     serving the base model, or a URL given
-    env worker      `rollout env-worker --judge-prefix P"judge:"`: its `judge` env asks that
-                    registry's engines (the default, P's, would be the very model graded)
+    env worker      `rollout env-worker --judge-url JUDGE/v1`: its `judge` env asks that engine
+                    (the policy engine would be the very model graded); the judge engine is
+                    also listed under P + "judge:", so the grader can show which one judges
     rollout up      --engine-url POLICY --env-workers 0: a rollout worker and the gateway, under P
 
 Loading a submission (`POST /v1/weights` on this gateway) reloads every engine under P, which
@@ -87,15 +88,16 @@ class GradingStack:
         env["ROLLOUT_REDIS_URL"] = redis_url
 
         policy_url, model, tokenizer = self._engine("policy", env)
+        judge: list[str] = []
         if cfg.judge:
             judge_url, jmodel, jtok = (cfg.judge_url, cfg.judge_model, cfg.judge_tokenizer) if cfg.judge_url \
                 else self._engine("judge", env)
             register_engine(redis_url, cfg.judge_prefix, "judge", judge_url, jmodel, jtok)
+            judge = ["--judge-url", f"{judge_url}/v1", "--judge-model", jmodel]
 
         wport = free_port()
         self.sup.add(Child("env worker (fixed judge)", self_cmd("env-worker", "--port", str(wport),
-                                                                "--id", f"rlbench-env-{wport}",
-                                                                "--judge-prefix", cfg.judge_prefix),
+                                                                "--id", f"rlbench-env-{wport}", *judge),
                            env, f"http://127.0.0.1:{wport}/healthz", log=cfg.logs / "env-worker.log"))
         gport = free_port()
         self.url = f"http://127.0.0.1:{gport}"
@@ -118,7 +120,7 @@ class GradingStack:
             self.sup.add(Child(f"{role} engine (simulated)", argv, env, f"{url}/health",
                                log=self.cfg.logs / f"{role}-engine.log"))
             return url, role, "byte"
-        from rollout_service.engines import vllm_local
+        from rollout_service.local import vllm_local
 
         argv, venv = vllm_local.serve_command(self.cfg.base_model, port, role)
         self.sup.add(Child(f"{role} engine (vLLM, base model)", argv, {**env, **venv}, f"{url}/health",
@@ -132,8 +134,8 @@ class GradingStack:
 def register_engine(redis_url: str, prefix: str, eid: str, url: str, model: str, tokenizer: str) -> None:
     import redis
 
-    from rollout_service.protocol import EngineInfo
     from scheduler.keys import Keys
+    from wire import EngineInfo
 
     info = EngineInfo(id=eid, url=url, model=model, tokenizer=tokenizer)
     redis.Redis.from_url(redis_url).hset(Keys(prefix).engines, eid, info.model_dump_json())

@@ -161,7 +161,8 @@ class Cluster:
         self.allocator = Allocator(self.gpus, self.capacity, config, layout, now=-config.dwell_s)
         self.forecaster = Forecaster(horizon_s)
         self.lifecycle = Lifecycle(clock=lambda: self.loop.now, observers=[self.forecaster] if self.guided else [])
-        self.router = RoleAware(self.allocator.roles())
+        self.router = RoleAware()
+        self.roles = self.allocator.roles()  # the allocator's, refreshed when it moves an engine
         self.trajs: dict[str, _Traj] = {}
         self.in_flight = workload.per_gpu * gpus
         self.total = workload.rounds * self.in_flight
@@ -206,7 +207,7 @@ class Cluster:
 
     # --- a turn -------------------------------------------------------------------------
     def _loads(self) -> "_Loads":
-        return _Loads(self.gpus, self.router.roles)
+        return _Loads(self.gpus, self.roles)
 
     def _start_turn(self, tid: str, delta: int) -> None:
         tr = self.trajs[tid]
@@ -217,7 +218,7 @@ class Cluster:
     def _prefill(self, tid: str) -> None:
         tr = self.trajs[tid]
         try:
-            eid = self.router.pick_prefill(tid, self._loads())
+            eid = self.router.pick_prefill(tid, self._loads(), self.roles)
         except NoEngine:
             self.pending.append(("prefill", tid, None))
             return
@@ -255,7 +256,7 @@ class Cluster:
     def _to_decode(self, tid: str, prefilled_on: str) -> None:
         tr = self.trajs[tid]
         try:
-            eid = self.router.pick_decode(tid, self._loads(), prefilled_on)
+            eid = self.router.pick_decode(tid, self._loads(), prefilled_on, self.roles)
         except NoEngine:
             self.pending.append(("decode", tid, prefilled_on))
             return
@@ -345,7 +346,7 @@ class Cluster:
         drain = {e: g.drain_s() for e, g in self.gpus.items()}
         moves = self.allocator.allocate(demand, drain, now, {e: g._cache_total for e, g in self.gpus.items()})
         if moves:
-            self.router.set_roles(self.allocator.roles())
+            self.roles = self.allocator.roles()
             lay = self.allocator.layout()
             self.layouts.append((round(now, 3), lay.prefill, lay.decode, lay.mixed))
             for m in moves:
@@ -402,7 +403,7 @@ class Cluster:
         if self.cost.flush_on_switch:
             self.gpus[eid].flush()
         self.allocator.drained(eid, self.loop.now)
-        self.router.set_roles(self.allocator.roles())
+        self.roles = self.allocator.roles()
         self._retry()
 
     def _retry(self) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 from env_workers.env import EnvError, StepResult
 from env_workers.envs.problems import parse_answer, task_problem
 from env_workers.registry import EnvSpec, register
-from rollout_service.protocol import Message
+from wire import Message
 
 SYSTEM = (
     "Solve the problem. You have a calculator: write 'calc: <expression>' and you will get "

@@ -25,7 +25,7 @@ from env_workers.env import EnvError, StepResult
 from env_workers.registry import EnvSpec, register
 from env_workers.sandbox.base import Limits
 from env_workers.sandbox.pool import EpisodeSandbox, SandboxSpec
-from rollout_service.protocol import Message
+from wire import Message
 
 SPEC = SandboxSpec(Limits(memory_mb=512, processes=64, cpu_s=30, timeout_s=20.0), warm_bash=False)
 SYSTEM = ("Write the Python function described by the user. Reply with exactly one fenced code block:\n"

@@ -1,10 +1,11 @@
-"""`judge`: open-ended writing, scored by an LLM judge called through the engine fleet.
+"""`judge`: open-ended writing, scored by an LLM judge behind an OpenAI-compatible URL.
 
 Single turn: the model answers a prompt (generated from a seed, or given with an optional
 rubric and reference), and a judge rates the answer. The judge is any `Judge` — a function
-from chat messages to the judge's text. By default it is `EngineJudge`: it finds an engine
-in the service registry (Redis), renders the judge's chat with that engine's tokenizer and
-calls it through `VLLMEngine.generate`, at temperature 0. Tests inject a deterministic one.
+from chat messages to the judge's text. The env worker configures `OpenAIJudge`: one chat
+completion, at temperature 0, from any OpenAI-compatible server (vLLM's, the simulated
+engine's, a hosted API) over httpx. Judge text is not training data, so no token ids are
+kept and the service's engine code is not involved. Tests inject a deterministic judge.
 
 The judge is asked to end with `score: N` (0 to 10); `parse_score` takes the last such
 mark (also `N/10`), and reward = N / 10. A judge that cannot be reached, or whose text has
@@ -14,17 +15,16 @@ elsewhere): a broken judge must never turn into a reward of 0.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import random
 import re
-import uuid
 from collections.abc import Callable
 from typing import Any
 
+import httpx
+
 from env_workers.env import EnvError, EnvUnavailable, StepResult
 from env_workers.registry import EnvSpec, register
-from rollout_service.protocol import Message
+from wire.base import Message
 
 Judge = Callable[[list[Message]], str]
 
@@ -72,47 +72,36 @@ def judge_messages(task: dict[str, str], response: str) -> list[Message]:
                                          f"RESPONSE:\n{response}\n\nGrade it now; end with 'score: N'.")]
 
 
-class EngineJudge:
-    """Asks an engine of the fleet, found in the registry. Synchronous (environments are)."""
+class OpenAIJudge:
+    """Asks `POST {base_url}/chat/completions`. Synchronous (environments are); one client,
+    kept for the life of the judge, so calls reuse connections.
 
-    def __init__(self, redis_url: str, prefix: str = "rs:", max_tokens: int = 256, timeout_s: float = 120.0) -> None:
-        self.redis_url, self.prefix, self.max_tokens, self.timeout_s = redis_url, prefix, max_tokens, timeout_s
+        judge = OpenAIJudge("http://127.0.0.1:8000/v1", model="judge")
+        text = judge(judge_messages({"prompt": "Name a prime.", "rubric": "Any prime."}, "7"))
+    """
+
+    def __init__(self, base_url: str, model: str = "default", max_tokens: int = 256, timeout_s: float = 120.0,
+                 api_key: str | None = None, transport: httpx.BaseTransport | None = None) -> None:
+        self.url, self.model, self.max_tokens = base_url.rstrip("/") + "/chat/completions", model, max_tokens
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=5.0), headers=headers, transport=transport)
 
     def __call__(self, messages: list[Message]) -> str:
-        # Our own thread and event loop: the caller may be inside one (in-process envs).
-        with concurrent.futures.ThreadPoolExecutor(1) as ex:
-            return ex.submit(asyncio.run, self._ask(messages)).result()
-
-    async def _ask(self, messages: list[Message]) -> str:
-        """One greedy completion from the fleet (routing, health and failover included)."""
-        import redis.asyncio as aioredis
-        from redis.exceptions import RedisError
-
-        from rollout_service.engines.base import EngineError, GenerateRequest
-        from rollout_service.engines.fleet import Fleet
-        from rollout_service.protocol import SamplingParams
-        from rollout_service.tokens import chat_tokens
-        from scheduler.keys import Keys
-        from scheduler.registry import Registry
-
-        r = aioredis.from_url(self.redis_url)
-        fleet = Fleet(registry=Registry(r, Keys(self.prefix)))
-        tid = f"judge-{uuid.uuid4().hex}"
+        body = {"model": self.model, "messages": [m.model_dump() for m in messages], "temperature": 0.0,
+                "max_tokens": self.max_tokens}
         try:
-            async with asyncio.timeout(self.timeout_s):
-                spec, tok = await fleet.tokenizer_for(tid)
-                req = GenerateRequest(chat_tokens(tok).prompt(messages),
-                                      SamplingParams(temperature=0.0, max_tokens=self.max_tokens), tid, [tok.eos_id])
-                out = await fleet.generate(tid, spec, req)
-        except EngineError as e:
-            raise JudgeUnavailable(f"the judge engine failed: {e}") from e
-        except (RedisError, OSError, TimeoutError) as e:
-            raise JudgeUnavailable(f"no judge reachable: {e!r}") from e
-        finally:
-            await fleet.aclose()
-            await r.aclose()
-        ids = out.output_ids[:-1] if out.output_ids[-1:] == [tok.eos_id] else out.output_ids
-        return tok.decode(ids)
+            r = self._http.post(self.url, json=body)
+        except httpx.HTTPError as e:
+            raise JudgeUnavailable(f"no judge reachable at {self.url}: {e!r}") from e
+        if r.status_code != 200:
+            raise JudgeUnavailable(f"the judge answered {r.status_code}: {r.text[:300]}")
+        try:
+            return str(r.json()["choices"][0]["message"]["content"] or "")
+        except (ValueError, KeyError, IndexError, TypeError) as e:
+            raise JudgeUnavailable(f"the judge's answer is not a chat completion: {r.text[:300]}") from e
+
+    def close(self) -> None:
+        self._http.close()
 
 
 _default_judge: Judge | None = None
@@ -146,7 +135,7 @@ class JudgeEnv:
             raise EnvError("step() after the episode ended; call reset()")
         judge = self._judge or _default_judge
         if judge is None:
-            raise JudgeUnavailable("no judge configured: start the env worker with a Redis URL, or pass judge=")
+            raise JudgeUnavailable("no judge configured: start the env worker with --judge-url, or pass judge=")
         try:
             verdict = judge(judge_messages(self._task, action))
         except JudgeUnavailable:
@@ -161,5 +150,5 @@ class JudgeEnv:
         self._done = True
 
 
-register(EnvSpec("judge", JudgeEnv, "open-ended answers scored 0-10 by an LLM judge from the engine fleet",
+register(EnvSpec("judge", JudgeEnv, "open-ended answers scored 0-10 by an LLM judge (an OpenAI-compatible URL)",
                  example_tasks=[{"seed": 0}, {"prompt": "Name a prime number.", "rubric": "Any prime is correct."}]))

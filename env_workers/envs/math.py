@@ -7,7 +7,7 @@ from typing import Any
 from env_workers.env import EnvError, StepResult
 from env_workers.envs.problems import parse_answer, task_problem
 from env_workers.registry import EnvSpec, register
-from rollout_service.protocol import Message
+from wire import Message
 
 SYSTEM = "Solve the problem. End your reply with 'answer: <number>'."
 

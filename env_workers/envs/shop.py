@@ -27,7 +27,7 @@ from typing import Any
 from env_workers.env import EnvError, StepResult
 from env_workers.envs.bm25 import BM25
 from env_workers.registry import EnvSpec, register
-from rollout_service.protocol import Message
+from wire import Message
 
 _CATEGORIES = {  # category -> (attributes, options)
     "t-shirt": (["cotton", "slim fit", "organic", "v-neck", "quick dry"],

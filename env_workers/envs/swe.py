@@ -23,7 +23,7 @@ from env_workers.env import EnvError, StepResult
 from env_workers.registry import EnvSpec, register
 from env_workers.sandbox.base import Limits
 from env_workers.sandbox.pool import EpisodeSandbox, SandboxSpec
-from rollout_service.protocol import Message
+from wire import Message
 
 SPEC = SandboxSpec(Limits(memory_mb=1024, processes=128, timeout_s=15.0, output_bytes=16 * 1024))
 SYSTEM = (

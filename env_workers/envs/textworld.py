@@ -28,7 +28,7 @@ from typing import Any
 
 from env_workers.env import EnvError, StepResult
 from env_workers.registry import EnvSpec, register
-from rollout_service.protocol import Message
+from wire import Message
 
 # room -> receptacles (name, starts closed)
 _ROOMS = {

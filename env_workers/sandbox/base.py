@@ -11,7 +11,7 @@ and is not isolated, and which limit is enforced where); every backend honours t
 `Limits`, never has network unless `Limits.network` is set, passes no variable of the host's
 environment into a sandbox, and `close()` leaves no process behind.
 
-Non-goals: scheduling and reuse of sandboxes (that is `scheduler/resources.py`), and the
+Non-goals: scheduling and reuse of sandboxes (that is `env_workers/resources.py`), and the
 tool protocols spoken over a terminal (that is `env_workers/tools.py`).
 
 Errors:

@@ -316,7 +316,7 @@ class BwrapSandbox:
 
     def reset(self) -> None:
         """As good as new, keeping the id and uid: every process killed, the workspace emptied.
-        (How a `global`-scope pool reuses a sandbox; see scheduler/resources.py.)"""
+        (How a `global`-scope pool reuses a sandbox; see env_workers/resources.py.)"""
         if self._closed:
             raise SandboxClosed(f"sandbox {self.id} is closed")
         for p in self._procs:

@@ -1,6 +1,7 @@
 """The Docker backend: one container per sandbox, driven by the `docker` SDK.
 
-Used when a Docker engine (or podman serving the Docker API, see `podman.py`) is reachable.
+Used when a Docker engine (or podman serving the Docker API: `rollout_service/local/podman.py`)
+is reachable.
 Each `exec` and `spawn` is a `docker exec` into the sandbox's container.
 
 What is isolated:

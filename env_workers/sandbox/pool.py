@@ -1,14 +1,14 @@
 """Sandboxes as pooled resources: `SandboxSpec` (what to make) and `Box` (what you get).
 
-    SPEC = SandboxSpec(limits=Limits(timeout_s=10))         # scope trajectory, bwrap
+    SPEC = SandboxSpec(limits=Limits(timeout_s=10))         # scope trajectory, the configured backend
     box = claims.acquire(SPEC)                               # a Box: sandbox + its tools
     box.tools.call("bash", command="ls")
 
 A warm `Box` is a started sandbox whose bash session is already running, so an episode's
 first tool call costs about what every later one does. `Scope.global_` boxes are reset
 (tools closed, processes killed, workspace emptied) and go back to the warm set; trajectory
-boxes are closed. Backends other than bwrap join with `register_backend` (the docker one
-needs a client and an image, which only the process that owns them can give).
+boxes are closed. A spec names its backend, or (the usual) none: then the one the env
+worker was configured with (`env_workers/sandbox/backends.py`).
 
 `episode_claims()` hands an environment that was built without an env worker (tests,
 `check_env`, in-process rollouts) a handle on one process-wide set of pools.
@@ -17,28 +17,13 @@ needs a client and an image, which only the process that owns them can give).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from env_workers.env import SandboxUnavailable
+from env_workers.resources import Claims, Pools, PoolSize, ResourceError, ResourceKind, Scope
+from env_workers.sandbox import backends
 from env_workers.sandbox.base import ExecResult, Limits, Sandbox, SandboxError
 from env_workers.tools import Toolbox, ToolFailure, ToolResult
-from scheduler.resources import Claims, PoolSize, Pools, ResourceError, ResourceKind, Scope
-
-_BACKENDS: dict[str, Callable[[Limits], Sandbox]] = {}
-
-
-def register_backend(name: str, make: Callable[[Limits], Sandbox]) -> None:
-    _BACKENDS[name] = make
-
-
-def _bwrap(limits: Limits) -> Sandbox:
-    from env_workers.sandbox.bwrap import BwrapSandbox
-
-    return BwrapSandbox(limits)
-
-
-register_backend("bwrap", _bwrap)
 
 
 @dataclass(slots=True)
@@ -50,17 +35,13 @@ class Box:
 @dataclass(slots=True, frozen=True)
 class SandboxSpec:
     limits: Limits = field(default_factory=Limits)
-    backend: str = "bwrap"
+    backend: str | None = None  # None: the configured default (backends.configure)
     scope: Scope = Scope.trajectory
     warm_bash: bool = True  # start the bash session while warming, not on the first call
     kind: ResourceKind = field(default=ResourceKind.sandbox, init=False)
 
     def create(self) -> Box:
-        try:
-            make = _BACKENDS[self.backend]
-        except KeyError:
-            raise SandboxError(f"no sandbox backend {self.backend!r}; known: {', '.join(_BACKENDS)}") from None
-        sb = make(self.limits)
+        sb = backends.maker(self.backend)(self.limits)
         box = Box(sb, Toolbox(sb))
         if self.warm_bash:
             r = box.tools.call("bash", command="true")
@@ -86,7 +67,7 @@ class SandboxSpec:
 
     def __str__(self) -> str:
         lim = self.limits
-        return f"{self.backend}(mem={lim.memory_mb}MB, procs={lim.processes}, timeout={lim.timeout_s:g}s, " \
+        return f"{self.backend or 'default'}(mem={lim.memory_mb}MB, procs={lim.processes}, timeout={lim.timeout_s:g}s, " \
                f"net={'on' if lim.network else 'off'}, scope={self.scope.value})"
 
 
@@ -155,4 +136,4 @@ class EpisodeSandbox:
             raise SandboxUnavailable(str(e)) from e
 
 
-__all__ = ["Box", "SandboxSpec", "register_backend", "default_pools", "episode_claims", "EpisodeSandbox"]
+__all__ = ["Box", "SandboxSpec", "default_pools", "episode_claims", "EpisodeSandbox"]

@@ -136,7 +136,7 @@ def plot(history: list[StepRecord], before: float, after: float, path: Path, cfg
 
 
 async def main_async(cfg: Config) -> dict:
-    from rollout_service.engines import vllm_local
+    from rollout_service.local import vllm_local
 
     folder = vllm_local.prepare_model("smollm2")
     learner = Learner(folder, cfg)
@@ -170,7 +170,7 @@ async def main_async(cfg: Config) -> dict:
 async def compare(cfg: Config) -> dict:
     """The same number of steps in sync and then async mode, each from the original weights
     with a fresh optimizer, on one service; wall times side by side (no evaluation)."""
-    from rollout_service.engines import vllm_local
+    from rollout_service.local import vllm_local
 
     folder = vllm_local.prepare_model("smollm2")
     walls: dict[str, float] = {}

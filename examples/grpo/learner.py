@@ -7,8 +7,8 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rollout_service.engines import vllm_local
-from rollout_service.protocol import Trajectory
+from rollout_service.local import vllm_local
+from wire import Trajectory
 
 if TYPE_CHECKING:
     from examples.grpo.trainer import Config

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from env_workers.envs.problems import word_problem
 from env_workers.envs import textworld
-from rollout_service.protocol import Trajectory
+from env_workers.envs.problems import word_problem
+from wire import Trajectory
 
 HELD_OUT_BASE = 10**9
 

@@ -20,10 +20,9 @@ from pathlib import Path
 
 from examples.grpo.learner import Learner
 from examples.grpo.tasks import HELD_OUT_BASE, TASKS, TaskSpec
-from rollout_service.protocol import Trajectory
 from trainer_client import AsyncRolloutClient
 from trainer_client.grpo import advantages, within_staleness
-
+from wire import Trajectory
 
 TASK_DEFAULTS = ("prompts", "lr", "max_tokens", "max_turns", "format_bonus")  # None in a Config: from its task
 

@@ -1,6 +1,7 @@
 /* Trajectory board: batches, their progress, and each trajectory's turns as a timeline.
  *
  * Reads only the public API (relative URLs, so a path prefix in front of the gateway works):
+ *   GET v1/states                       which states are terminal and which usable (the rule is the API's)
  *   GET v1/batches                      the list, polled
  *   GET v1/batches/{id}                 the selected batch's status, polled while it runs
  *   GET v1/batches/{id}/trajectories    its trajectories (first MAX_ROWS), and which are running
@@ -18,8 +19,9 @@
   const MAX_ROWS = 200;           // trajectories shown per batch: the board stays bounded
   const MAX_FETCHES = 4;          // trajectories fetched at once after their events
   const MAX_TEXT = 4000;          // characters shown per message
-  const STATES = ["completed", "truncated", "failed", "cancelled", "running", "queued"];
-  const TERMINAL = new Set(["completed", "truncated", "failed", "cancelled"]);
+  const STATES = ["completed", "truncated", "failed", "cancelled", "running", "queued"];  // display order
+  let TERMINAL = new Set();  // filled from GET v1/states before anything is shown
+  let USABLE = new Set();
   const PHASES = [["queue_s", "queue"], ["prefill_s", "prefill"], ["decode_s", "decode"], ["tool_s", "tool"]];
 
   const $ = (id) => document.getElementById(id);
@@ -392,7 +394,7 @@
 
     renderStats(rows) {
       const fin = rows.filter((t) => t.turns.length);
-      const usable = rows.filter((t) => t.state === "completed" || t.state === "truncated");
+      const usable = rows.filter((t) => USABLE.has(t.state));
       const rewards = usable.map((t) => t.reward).filter((r) => r != null);
       const turns = fin.flatMap((t) => t.turns);
       const mean = (xs) => (xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : null);
@@ -518,6 +520,21 @@
     return any ? ev : null;
   }
 
+  async function loadRules() {
+    for (;;) {  // the rule is the API's (no copy here): wait for it, bounded retries apart
+      try {
+        const r = await getJSON("v1/states");
+        TERMINAL = new Set(r.terminal);
+        USABLE = new Set(r.usable);
+        return;
+      } catch (e) {
+        if (e instanceof AuthNeeded) return;  // never: the rule is public; keep going regardless
+        setConn("error", "gateway unreachable");
+        await sleep(2000);
+      }
+    }
+  }
+
   function restart() {
     $("apikey").placeholder = apiKey ? "API key saved in this browser" : "API key (only if the gateway has auth on)";
     listAbort.abort();
@@ -533,5 +550,5 @@
   }
 
   setInterval(() => { if (order.length) renderList(); }, 10000);  // keeps "12s ago" fresh
-  restart();
+  loadRules().then(restart);
 })();

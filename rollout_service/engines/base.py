@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from rollout_service.protocol import SamplingParams
+from wire import SamplingParams
 
 
 class EngineError(Exception):
@@ -50,5 +51,8 @@ class Engine(Protocol):
     async def prefill(self, req: GenerateRequest) -> dict: ...
 
     async def health(self) -> bool: ...
+
+    async def update_weights(self, path: str, lora_name: str | None, loaded: Callable[[], Awaitable[None]]) -> None:
+        """Swap in new weights; await `loaded()` once they serve, before requests resume."""
 
     async def aclose(self) -> None: ...

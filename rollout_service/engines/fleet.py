@@ -8,20 +8,28 @@ engine beats none). A turn that fails on one engine is retried on another.
 Engines carry a role (registry: prefill | decode | mixed). When the policy routes a turn's
 prefill and decode to different engines, the prefill engine computes the KV and hands it
 over through vLLM's `kv_transfer_params` protocol (NixlConnector); the decode engine samples.
+
+The registry is the one source of every engine's kind, role and policy version; the fleet
+keeps a cache of it (`refresh`, every `refresh_s`), rebuilt from it at any time, and hands
+the roles to the routing policy on each call. Engines are built by kind (`engines.make_engine`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 
 from rollout_service.engines.base import Engine, EngineError, EngineLost, GenerateRequest, GenerateResult
-from rollout_service.engines.vllm import VLLMEngine
+from rollout_service.engines.kinds import make_engine
 from rollout_service.tokens import Tokenizer, load_tokenizer
 from scheduler.registry import Registry
 from scheduler.roles import Role
 from scheduler.router import NoEngine, RoleAware, RoutingPolicy
+from wire import EngineInfo
+
+log = logging.getLogger(__name__)
 
 
 class Fleet:
@@ -30,9 +38,9 @@ class Fleet:
                  registry: Registry | None = None, refresh_s: float = 2.0):
         """`engines`: id -> (engine, tokenizer spec), fixed; or `registry` to discover them."""
         self._engines: dict[str, tuple[Engine, str]] = dict(engines or {})
+        self._infos: dict[str, EngineInfo] = {}  # what each registry-built engine was built from
         self.policy = policy or RoleAware()
-        self._roles: dict[str, Role] = {e: Role.mixed for e in self._engines}
-        self._apply_roles()
+        self._roles: dict[str, Role] = {e: Role.mixed for e in self._engines}  # taking new work; cache of the registry
         self.attempts = attempts
         self._registry = registry
         self._refresh_s = refresh_s
@@ -54,34 +62,34 @@ class Fleet:
         infos = await self._registry.engines()
         self._refreshed = time.monotonic()
         for info in infos:
-            cur = self._engines.get(info.id)
-            if cur is None or not isinstance(cur[0], VLLMEngine) or (cur[0].url, cur[0].model, cur[1]) != (
-                    info.url.rstrip("/"), info.model, info.tokenizer):
-                if cur is not None:
-                    await cur[0].aclose()
-                self._engines[info.id] = (VLLMEngine(info.id, info.url, info.model, info.policy_version),
-                                          info.tokenizer)
+            cur = self._infos.get(info.id)
+            if cur is None or (cur.kind, cur.url, cur.model, cur.tokenizer) != (
+                    info.kind, info.url, info.model, info.tokenizer):
+                try:
+                    engine = make_engine(info)
+                except ValueError as e:  # a kind this process does not know: not ours to use
+                    log.warning("engine %s skipped: %s", info.id, e)
+                    continue
+                if info.id in self._engines:
+                    await self._engines[info.id][0].aclose()
+                self._engines[info.id], self._infos[info.id] = (engine, info.tokenizer), info
                 self._load.setdefault(info.id, 0)
             self._engines[info.id][0].policy_version = info.policy_version
-            if info.role == "draining":  # finishing what it holds before a new role: nothing new
+            if info.state == "draining":  # finishing what it holds before a new role: nothing new
                 self._roles.pop(info.id, None)
             else:
                 self._roles[info.id] = Role(info.role)
-        for gone in set(self._engines) - {i.id for i in infos}:
+        for gone in set(self._engines) - {i.id for i in infos if i.id in self._infos}:
             eng, _ = self._engines.pop(gone)
+            self._infos.pop(gone, None)
             self._down.discard(gone)
             self._roles.pop(gone, None)
             await eng.aclose()
-        self._apply_roles()
 
-    def _apply_roles(self) -> None:
-        if hasattr(self.policy, "set_roles"):
-            self.policy.set_roles(self._roles)
-
-    def set_role(self, engine_id: str, role: Role) -> None:
-        """Change an engine's role locally (the registry is the shared source; see refresh)."""
-        self._roles[engine_id] = role
-        self._apply_roles()
+    @property
+    def roles(self) -> dict[str, Role]:
+        """The role of each engine taking new work (draining ones are absent)."""
+        return dict(self._roles)
 
     async def probe(self) -> None:
         """Health-check every engine; a failing one leaves rotation until it answers again."""
@@ -105,7 +113,7 @@ class Fleet:
         """The tokenizer of the engine a new trajectory will start on."""
         await self.refresh()
         try:
-            eid = self.policy.pick(trajectory_id, self._available(None))
+            eid = self.policy.route(trajectory_id, self._available(None), self._roles)[0]
         except NoEngine as e:
             raise EngineError("no engine registered") from e
         spec = self._engines[eid][1]
@@ -114,21 +122,13 @@ class Fleet:
         except Exception as e:  # not a registered name nor a loadable tokenizer folder
             raise EngineError(f"engine {eid}: tokenizer {spec!r} cannot be loaded ({type(e).__name__})") from e
 
-    def _pick(self, trajectory_id: str, loads: dict[str, int]) -> tuple[str, str]:
-        """(prefill engine, decode engine); the same one unless roles split the turn."""
-        if isinstance(self.policy, RoleAware):
-            p = self.policy.pick_prefill(trajectory_id, loads)
-            return p, self.policy.pick_decode(trajectory_id, loads, p)
-        eid = self.policy.pick(trajectory_id, loads)
-        return eid, eid
-
     async def generate(self, trajectory_id: str, tokenizer: str, req: GenerateRequest) -> GenerateResult:
         """Serve one turn, failing over to another engine (same tokenizer) on error."""
         last: Exception | None = None
         for _ in range(self.attempts):
             await self.refresh()
             try:
-                pid, eid = self._pick(trajectory_id, self._available(tokenizer))
+                pid, eid = self.policy.route(trajectory_id, self._available(tokenizer), self._roles)
             except NoEngine as e:
                 raise EngineError(f"no engine available for tokenizer {tokenizer!r}") from (last or e)
             engine, _ = self._engines[eid]

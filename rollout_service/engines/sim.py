@@ -120,5 +120,10 @@ class SimEngine:
     async def health(self) -> bool:
         return True
 
+    async def update_weights(self, path: str, lora_name: str | None, loaded) -> None:
+        """New "weights" reseed the simulated policy (as `sim_server` does over HTTP)."""
+        self.seed = int.from_bytes(hashlib.sha256(f"{lora_name}:{path}".encode()).digest()[:4], "little")
+        await loaded()
+
     async def aclose(self) -> None:
         return None

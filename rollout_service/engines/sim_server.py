@@ -1,7 +1,8 @@
 """Serves a `SimEngine` over the slice of vLLM's OpenAI-compatible API that we use
 (`POST /v1/completions` with token-id prompts, `return_token_ids`, logprobs; `/health`;
-`/metrics`, and the admin routes of a weight update: `/pause`, `/resume`,
-`/collective_rpc` reload_weights, `/v1/load_lora_adapter`, `/reset_prefix_cache`), so
+`/metrics`, the admin routes of a weight update: `/pause`, `/resume`,
+`/collective_rpc` reload_weights, `/v1/load_lora_adapter`, `/reset_prefix_cache`, and
+`POST /v1/chat/completions` rendered with the byte tokenizer, what a judge asks), so
 `rollout up` without a GPU exercises the same HTTP path as a real vLLM. New "weights"
 reseed the simulated policy, so outputs change after an update as they would for real."""
 
@@ -17,7 +18,9 @@ from pydantic import BaseModel, Field
 
 from rollout_service.engines.base import GenerateRequest
 from rollout_service.engines.sim import CostModel, SimEngine
-from rollout_service.protocol import SamplingParams
+from rollout_service.tokens import chat_tokens
+from rollout_service.turns import reply_text
+from wire import ChatCompletionRequest, Message, SamplingParams
 
 
 class CompletionRequest(BaseModel):
@@ -115,6 +118,23 @@ def create_app(engine: SimEngine, model: str = "sim") -> FastAPI:
             "usage": {"prompt_tokens": len(body.prompt), "completion_tokens": len(res.output_ids),
                       "total_tokens": len(body.prompt) + len(res.output_ids)},
         }
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest) -> dict:
+        prompt = chat_tokens(engine.tok).prompt([Message(role=m.role, content=m.content) for m in body.messages])
+        sampling = SamplingParams(temperature=body.temperature, top_p=body.top_p, max_tokens=body.limit,
+                                  seed=body.seed, stop=body.stop_list())
+        await running.wait()
+        res = await engine.generate(GenerateRequest(prompt, sampling, uuid.uuid4().hex, [engine.tok.eos_id]))
+        stats["requests"] += 1
+        stats["generation_tokens"] += len(res.output_ids)
+        stats["prompt_tokens"] += len(prompt)
+        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "model": body.model or model,
+                "choices": [{"index": 0, "logprobs": None,
+                             "message": {"role": "assistant", "content": reply_text(engine.tok, res.output_ids)},
+                             "finish_reason": res.finish_reason}],
+                "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(res.output_ids),
+                          "total_tokens": len(prompt) + len(res.output_ids)}}
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> str:

@@ -4,16 +4,23 @@ We send token ids as the prompt of `POST /v1/completions` with `return_token_ids
 `logprobs`, and keep the sampled ids and their logprobs exactly as returned. The engine
 echoes the prompt ids it actually used; if they differ from what we sent, the turn fails
 (a silent drift would corrupt the training sample).
+
+New weights (`update_weights`) go through vLLM's admin routes: `/pause` (in-flight requests
+freeze, `mode=keep`), `reload_weights` through `/collective_rpc` or a LoRA adapter loaded in
+place (`/v1/load_lora_adapter`), `/reset_prefix_cache` (stale KV would mix policies), then
+`/resume`; frozen requests finish on the new weights.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Awaitable, Callable
 
 import httpx
 
 from rollout_service.engines.base import EngineError, EngineLost, GenerateRequest, GenerateResult
+from wire import EngineInfo
 
 
 class VLLMEngine:
@@ -25,6 +32,10 @@ class VLLMEngine:
         self.policy_version = policy_version
         self._client = client or httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=5.0))
         self._owns_client = client is None
+
+    @classmethod
+    def from_info(cls, info: EngineInfo) -> VLLMEngine:
+        return cls(info.id, info.url, info.model, info.policy_version)
 
     def payload(self, req: GenerateRequest) -> dict:
         s = req.sampling
@@ -91,6 +102,38 @@ class VLLMEngine:
         # The HTTP API does not split prefill from decode; attribute all to decode.
         return GenerateResult(ids, lps, choice.get("finish_reason") or "stop", version, self.id, 0.0, elapsed,
                               kv_transfer_params=body.get("kv_transfer_params"))
+
+    async def _admin(self, path: str, **kw) -> None:
+        try:
+            r = await self._client.post(f"{self.url}{path}", **kw)
+        except (httpx.HTTPError, httpx.InvalidURL) as e:
+            raise EngineLost(f"engine {self.id} unreachable: {e!r}") from e
+        if r.status_code >= 400:
+            raise EngineError(f"{self.url}{path} answered {r.status_code}: {r.text[:300]}")
+
+    async def update_weights(self, path: str, lora_name: str | None, loaded: Callable[[], Awaitable[None]]) -> None:
+        """Load new weights from `path` (a checkpoint folder, or the LoRA adapter `lora_name`).
+        `loaded` runs once they are in, while requests are still frozen (the caller records
+        the new policy version there, so no turn finishing on them carries the old one). The
+        engine is resumed whatever happens; a failure raises `EngineError`."""
+        paused = False
+        try:
+            await self._admin("/pause", params={"mode": "keep"})
+            paused = True
+            if lora_name is None:
+                await self._admin("/collective_rpc",
+                                  json={"method": "reload_weights", "kwargs": {"weights_path": path}})
+            else:
+                await self._admin("/v1/load_lora_adapter",
+                                  json={"lora_name": lora_name, "lora_path": path, "load_inplace": True})
+            await self._admin("/reset_prefix_cache")
+            await loaded()
+        finally:
+            if paused:
+                try:
+                    await self._admin("/resume")
+                except EngineError:
+                    pass  # reported through the health probe: an engine that stays paused stops answering
 
     async def health(self) -> bool:
         try:

@@ -2,8 +2,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
 
-from rollout_service.errors import NotFound
-from rollout_service.protocol import (
+from rollout_service.routes.deps import admin
+from rollout_service.weights import WeightUpdater
+from wire import (
     ApiKeyCreate,
     ApiKeyCreated,
     EngineInfo,
@@ -13,8 +14,7 @@ from rollout_service.protocol import (
     WeightUpdateResult,
     WorkerInfo,
 )
-from rollout_service.routes.deps import admin
-from rollout_service.weights import WeightUpdater
+from wire.errors import NotFound
 
 router = APIRouter(prefix="/v1", tags=["admin"], dependencies=[Depends(admin)],
                    responses={401: {"model": ErrorResponse}, 403: {"model": ErrorResponse},
@@ -67,11 +67,7 @@ async def workers(request: Request) -> list[WorkerInfo]:
 async def update_weights(request: Request, body: WeightUpdate) -> WeightUpdateResult:
     """Pause every engine, load the new weights (full or LoRA), clear the prefix cache,
     bump the policy version, resume. `ok` is False if any engine failed (see `results`)."""
-    updater = WeightUpdater(request.app.state.registry)
     try:
-        result = await updater.update(body)
+        return await WeightUpdater(request.app.state.registry).update(body)
     except KeyError as e:
         raise NotFound(f"unknown engines: {e.args[0]}") from None
-    finally:
-        await updater.aclose()
-    return result

@@ -8,19 +8,20 @@ from fastapi.responses import StreamingResponse
 
 from rollout_service import limits
 from rollout_service.auth import Principal
-from rollout_service.errors import NotFound
 from rollout_service.routes.deps import owned_batch, principal
-from rollout_service.protocol import (
+from scheduler.queue import QuotaExceeded
+from wire import (
     BatchCreated,
     BatchStatus,
     ErrorResponse,
     GroupStatus,
     RolloutRequest,
+    StateRules,
     Trajectory,
     TrajectoryPage,
     TrajectoryState,
 )
-from scheduler.queue import QuotaExceeded
+from wire.errors import NotFound
 
 router = APIRouter(prefix="/v1", tags=["batches"], responses={404: {"model": ErrorResponse},
                                                                 422: {"model": ErrorResponse}})
@@ -32,6 +33,13 @@ Caller = Depends(principal)
 _QUOTA = {"model": ErrorResponse, "description": "The tenant has too many trajectories queued or running",
           "headers": {"Retry-After": {"description": "Seconds to wait before trying again",
                                       "schema": {"type": "integer"}}}}
+
+
+@router.get("/states", response_model=StateRules)
+async def states() -> StateRules:
+    """Which trajectory states are terminal (never change again) and which usable (fit for the
+    loss): the one rule, for clients that cannot import `wire` (the board). No auth: no data."""
+    return StateRules.current()
 
 
 @router.post("/batches", response_model=BatchCreated, status_code=202, responses={429: _QUOTA})
@@ -63,13 +71,18 @@ async def status(request: Request, bid: str, who: Principal = Caller) -> BatchSt
     return await owned_batch(request, bid, who)
 
 
+SAMPLES = ("Also return `training_samples`: per training sample, `token_ids`, `loss_mask` (1 where sampled) and "
+           "`logprobs` (0.0 where the mask is 0), aligned, ready for the loss")
+
+
 @router.get("/batches/{bid}/trajectories", response_model=TrajectoryPage)
 async def trajectories(request: Request, bid: str, cursor: int = Query(0, ge=0), limit: int = Query(50, ge=1, le=500),
-                       state: TrajectoryState | None = None, who: Principal = Caller) -> TrajectoryPage:
+                       state: TrajectoryState | None = None, samples: bool = Query(False, description=SAMPLES),
+                       who: Principal = Caller) -> TrajectoryPage:
     """A page of the batch's trajectories in submission order; pass `next_cursor` back."""
     await owned_batch(request, bid, who)
     items, nxt = await request.app.state.store.trajectories(bid, cursor, limit, state)
-    return TrajectoryPage(items=items, next_cursor=nxt)
+    return TrajectoryPage(items=[t.with_samples() for t in items] if samples else items, next_cursor=nxt)
 
 
 @router.get("/batches/{bid}/groups", response_model=list[GroupStatus])
@@ -80,11 +93,12 @@ async def groups(request: Request, bid: str, who: Principal = Caller) -> list[Gr
 
 
 @router.get("/trajectories/{tid}", response_model=Trajectory)
-async def trajectory(request: Request, tid: str, who: Principal = Caller) -> Trajectory:
+async def trajectory(request: Request, tid: str, samples: bool = Query(False, description=SAMPLES),
+                     who: Principal = Caller) -> Trajectory:
     traj = await request.app.state.store.trajectory(tid)
     if traj is None or (not who.admin and await request.app.state.store.batch_tenant(traj.batch_id) != who.tenant):
         raise NotFound(f"no trajectory {tid!r}")
-    return traj
+    return traj.with_samples() if samples else traj
 
 
 @router.get("/batches/{bid}/events", response_class=StreamingResponse,

@@ -17,7 +17,7 @@ from importlib import resources
 from fastapi import APIRouter
 from fastapi.responses import RedirectResponse, Response
 
-from rollout_service.errors import NotFound
+from wire.errors import NotFound
 
 router = APIRouter(tags=["board"], include_in_schema=False)
 

@@ -7,9 +7,8 @@ import secrets
 from fastapi import Request
 
 from rollout_service.auth import OPEN, Principal
-from rollout_service.errors import ApiError, NotFound
-from rollout_service.protocol import BatchStatus
-
+from wire import BatchStatus
+from wire.errors import ApiError, NotFound
 
 ADMIN = Principal("admin", admin=True)
 

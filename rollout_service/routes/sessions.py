@@ -9,8 +9,9 @@ from fastapi import APIRouter, Depends, Request
 
 from rollout_service.auth import Principal
 from rollout_service.engines.base import EngineError
-from rollout_service.errors import ApiError, Conflict, NotFound
-from rollout_service.protocol import (
+from rollout_service.routes.deps import principal
+from rollout_service.sessions import SessionClosed, SessionNotFound
+from wire import (
     ChatCompletionRequest,
     ErrorResponse,
     SessionCreate,
@@ -18,8 +19,7 @@ from rollout_service.protocol import (
     SessionFinish,
     Trajectory,
 )
-from rollout_service.routes.deps import principal
-from rollout_service.sessions import SessionClosed, SessionNotFound
+from wire.errors import ApiError, Conflict, NotFound
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"],
                    responses={404: {"model": ErrorResponse}, 409: {"model": ErrorResponse}})

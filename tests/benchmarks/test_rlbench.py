@@ -24,9 +24,9 @@ from benchmarks.rlbench.grader import Grader
 from benchmarks.rlbench.records import Records, RunRecord, Status, SubmissionRecord
 from benchmarks.rlbench.server import create_app
 from benchmarks.rlbench.workspace import State, setup
-from rollout_service.protocol import EngineInfo, Trajectory
 from scheduler.keys import Keys
 from tests.conftest import REDIS_URL
+from wire import EngineInfo, Trajectory
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -142,7 +142,12 @@ def test_submissions_are_scored_against_the_baseline_and_recorded(math_grader, t
     ws = Path(math_grader.state.config.workspace)
     baseline = math_grader.http.get("/health").json()["baseline"]
     scores, best = [], baseline
-    for name in ("a", "b"):
+    # Other weights, other greedy answers: the sim engine reseeds from the loaded folder's path
+    # (which lies under pytest's tmp folder, so it differs from run to run). Two seeds can still
+    # score the same by chance (a mean over 64 right-or-wrong answers: about 1 time in 13), so
+    # submit other folders until one scores differently from the first; 8 equal in a row would
+    # be odds of about 1 in 10^8, or reloading not changing the policy.
+    for name in "abcdefgh":
         fake_model(ws / "checkpoints" / name)
         r = math_grader.submit(f"checkpoints/{name}")
         assert r.status_code == 200, r.text
@@ -153,7 +158,9 @@ def test_submissions_are_scored_against_the_baseline_and_recorded(math_grader, t
         assert got["best"] == best
         assert got["n_tasks"] == got["usable"] == 64 and got["failures"] == {}
         scores.append(got["score"])
-    assert len(set(scores)) == 2  # other weights, other greedy answers (the sim engine reseeds on a load)
+        if len(set(scores)) > 1:
+            break
+    assert len(set(scores)) == 2, scores
     again = math_grader.submit("base_model").json()  # the base model again: the same greedy evaluation
     assert again["score"] == baseline and again["improvement"] == 0 and again["best"] == best
 
@@ -161,7 +168,7 @@ def test_submissions_are_scored_against_the_baseline_and_recorded(math_grader, t
     run = records.run(math_grader.state.config.run)
     subs = [s for s in records.submissions(run.run) if s.status is Status.scored]
     assert run.baseline == baseline and run.engine == "sim"
-    assert [s.score for s in subs][-3:] == [*scores, baseline]
+    assert [s.score for s in subs][-len(scores) - 1:] == [*scores, baseline]
     assert all(s.model.startswith(str(ws)) or s.model == str(run.base_model) for s in subs)
 
     out = subprocess.run([sys.executable, "-m", "benchmarks.rlbench", "summary", str(math_grader.state.dir),
@@ -171,7 +178,7 @@ def test_submissions_are_scored_against_the_baseline_and_recorded(math_grader, t
     assert f"baseline                  {baseline:.4f}" in out.stdout
     assert f"best                      {best:.4f}" in out.stdout
     [js] = json.loads((tmp_path / "s.json").read_text())
-    assert js["best"] == best and [p["score"] for p in js["series"]][-3:] == [*scores, baseline]
+    assert js["best"] == best and [p["score"] for p in js["series"]][-len(scores) - 1:] == [*scores, baseline]
     assert (js["first_improvement_s"] is None) == (max(scores) <= baseline)
 
 

@@ -113,7 +113,7 @@ def _one_switch(switch_s: float, flush: bool):
     gpu = c.gpus["g000"]
     gpu.touch("old", 5_000)
     c.allocator.engines["g000"].drain(Role.prefill, 0.0)
-    c.router.set_roles(c.allocator.roles())
+    c.roles = c.allocator.roles()
     c._check_drained(gpu)
     c.loop.run()
     return c, gpu

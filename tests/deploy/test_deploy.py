@@ -49,7 +49,7 @@ K8S_VERSIONS = ["1.30.0", "1.37.0"]  # oldest we support, newest the package shi
 def allowed_env() -> set[str]:
     """`ROLLOUT_*` names the code reads: Settings fields plus the CLI's own (URL, API key)."""
     names = {f"ROLLOUT_{f.upper()}" for f in Settings.__dataclass_fields__}
-    cli_src = (ROOT / "rollout_service" / "cli.py").read_text()
+    cli_src = "".join(f.read_text() for f in sorted((ROOT / "rollout_service" / "cli").glob("*.py")))
     return names | set(re.findall(r'os\.environ\.get\("(ROLLOUT_\w+)"', cli_src))
 
 
@@ -127,12 +127,21 @@ def copies(stage) -> list[tuple[list[str], str]]:
 def test_dockerfile_copies_exist_and_are_not_ignored():
     ignored = [ln.strip() for ln in (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
                if ln.strip() and not ln.startswith("#")]
-    sources = [src for srcs, _ in copies(dockerfile()) for src in srcs]
-    assert "rollout_service" in sources
+    args = dict(re.findall(r"^ARG (\w+)=(\S+)", (DEPLOY / "Dockerfile").read_text(), re.M))
+    sources = [re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], src)  # an ARG's default
+               for srcs, _ in copies(dockerfile()) for src in srcs]
+    assert "rollout_service" in sources and "constraints.txt" in sources
     for src in sources:
         assert (ROOT / src).exists(), f"COPY {src}: no such path in the build context"
         assert not any(src == i or src.startswith(i.rstrip("/") + "/") for i in ignored), \
             f"COPY {src} is excluded by Dockerfile.dockerignore"
+
+
+def test_dockerfile_copies_every_package_pyproject_installs():
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = {pattern.rstrip("*") for pattern in include}
+    sources = {src for srcs, _ in copies(dockerfile()) for src in srcs}
+    assert packages <= sources, f"the image would install without {sorted(packages - sources)}"
 
 
 def test_dockerfile_entrypoint_extras_user_and_healthcheck():
@@ -260,6 +269,8 @@ def test_compose_commands_are_rollout_commands(project):
         args = parse_rollout(argv)
         if name == "env-worker":  # every replica registers its own id and address
             assert args.id and "SUBST" in args.id and args.advertise and "SUBST" in args.advertise
+        if name == "worker":  # a stable id per container: a restarted worker gives its work back at once
+            assert args.id and "SUBST" in args.id
         if args.command in ("gateway", "env-worker", "sim-engine"):
             assert args.host == "0.0.0.0", f"{name} must bind all interfaces to be reachable"
 
@@ -311,10 +322,23 @@ def test_compose_depends_on_conditions_hold(project):
     services = project["services"]
     for name, svc in services.items():
         for dep, cond in svc.get("depends_on", {}).items():
+            if not cond.get("required", True) and dep not in services:  # another profile's
+                continue
             assert dep in services, f"{name} depends on {dep}, absent from this profile"
             if cond["condition"] == "service_healthy":
                 hc = services[dep].get("healthcheck", {})
                 assert hc.get("test") and not hc.get("disable"), f"{name} waits for {dep} to be healthy; it has no check"
+
+
+def test_compose_one_shot_services_are_awaited_as_such(project):
+    """`up --wait` counts a one-shot service's exit as a failure unless some service waits for
+    it with service_completed_successfully."""
+    services = project["services"]
+    one_shot = [n for n, s in services.items() if s.get("restart") == "on-failure"]
+    assert one_shot
+    for name in one_shot:
+        assert any(s.get("depends_on", {}).get(name, {}).get("condition") == "service_completed_successfully"
+                   for s in services.values()), f"nothing waits for {name} to complete: `up --wait` exits 1"
 
 
 def test_compose_scaling_persistence_and_images(project):
@@ -323,6 +347,8 @@ def test_compose_scaling_persistence_and_images(project):
         assert "container_name" not in services[name] and not services[name].get("ports")
     redis = services["redis"]
     assert redis["command"][redis["command"].index("--appendonly") + 1] == "yes"
+    # any Redis image must accept the other containers (official images do it in their entrypoint)
+    assert redis["command"][redis["command"].index("--protected-mode") + 1] == "no"
     assert any(v["target"] == "/data" and v["type"] == "volume" for v in redis["volumes"])
     for name, svc in services.items():
         image = svc["image"]

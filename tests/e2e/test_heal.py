@@ -18,13 +18,14 @@ import redis as syncredis
 from env_workers.server import create_app as env_app
 from rollout_service.app import create_app as gateway_app
 from rollout_service.config import Settings
-from rollout_service.protocol import EngineInfo, RolloutRequest, TrajectoryState, WorkerInfo
 from rollout_service.up import Bookkeeper, Child
 from scheduler.connection import connect
 from scheduler.keys import Keys
 from scheduler.queue import Queue
+from scheduler.registry import Registry
 from scheduler.store import Store
 from tests.conftest import REDIS_URL, LiveServer, RunningWorker, free_port
+from wire import EngineInfo, RolloutRequest, TrajectoryState, WorkerInfo
 
 pytestmark = pytest.mark.e2e
 
@@ -105,7 +106,7 @@ def test_gateway_answers_503_while_redis_is_away_and_recovers_on_its_own(private
 def test_env_worker_heartbeat_rides_out_a_redis_restart_and_registers_again(private_redis, prefix):
     info = WorkerInfo(id="env-heal", url="http://127.0.0.1:1", envs=["calc"])
     keys = Keys(prefix)
-    app = env_app(registration=(connect(private_redis.url), keys, info), on_fatal=lambda: None)
+    app = env_app(registration=(Registry(connect(private_redis.url), keys), info), on_fatal=lambda: None)
     r = syncredis.Redis(port=private_redis.port)
     with LiveServer(app) as srv, httpx.Client(base_url=srv.url, timeout=30) as c:
         eventually(lambda: r.exists(keys.worker_alive(info.id)) and r.hexists(keys.workers, info.id))
@@ -126,7 +127,7 @@ def test_a_dead_background_loop_shows_in_healthz_and_stops_the_env_worker(prefix
     r.set(keys.workers, "not a hash")  # every beat now fails with WRONGTYPE: not an outage, a bug
     fatal = threading.Event()
     info = WorkerInfo(id="env-doomed", url="http://127.0.0.1:1", envs=["calc"])
-    app = env_app(registration=(connect(REDIS_URL), keys, info), on_fatal=fatal.set)
+    app = env_app(registration=(Registry(connect(REDIS_URL), keys), info), on_fatal=fatal.set)
     with LiveServer(app) as srv:
         assert fatal.wait(60)
         h = httpx.get(f"{srv.url}/healthz", timeout=10)

@@ -11,8 +11,8 @@ import signal
 
 import pytest
 
-from env_workers.sandbox import Limits
-from env_workers.sandbox import bwrap, podman
+from env_workers.sandbox import Limits, bwrap
+from rollout_service.local import podman
 
 BACKENDS = ["bwrap", "docker"]
 APT = "apt-get install -y --no-install-recommends bubblewrap podman runc busybox-static python3.11"
@@ -37,7 +37,8 @@ def docker_env(tmp_path_factory):
     try:
         yield client, podman.ensure_image(client), made
         for c in client.containers.list(all=True, filters={"label": LABEL}):
-            c.remove(force=True)  # anything a failed test left behind
+            if c.id in made:  # only ours: another run on this machine shares podman's storage
+                c.remove(force=True)  # anything a failed test left behind
     finally:
         client.close()
         if service:

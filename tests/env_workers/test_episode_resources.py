@@ -12,8 +12,8 @@ from env_workers import registry
 from env_workers.checker import check_env
 from env_workers.client import LocalEnvs, RemoteEnvs, SandboxUnavailable
 from env_workers.envs import code, swe
+from env_workers.resources import Pools, PoolSize
 from env_workers.server import create_app
-from scheduler.resources import PoolSize, Pools
 from tests.conftest import LiveServer
 
 BASH = "```bash\necho hi > f && cat f\n```"
@@ -45,6 +45,22 @@ def test_a_session_gets_its_sandbox_on_the_first_tool_call_and_loses_it_on_delet
         assert c.delete(f"/v1/sessions/{sid}").status_code == 200
         assert pools.held(sid) == [] and res.state.value == "destroyed"
         assert not res.value.sandbox.workspace.exists()
+
+
+def test_the_trajectory_owns_the_sandbox_and_a_new_attempt_replaces_the_old_session(pools):
+    """`EnvOpen.trajectory_id` is the lease owner: the id everyone else knows. A second session
+    for the same trajectory (a restarted attempt) closes the first and starts clean."""
+    with LiveServer(create_app(pools=pools)) as srv, httpx.Client(base_url=srv.url, timeout=30) as c:
+        tid = "b0-3-1"
+        first = c.post("/v1/sessions", json={"env": "swe", "task": {"seed": 1}, "trajectory_id": tid}).json()
+        c.post(f"/v1/sessions/{first['session_id']}/step", json={"action": BASH})
+        (old,) = pools.held(tid)
+        second = c.post("/v1/sessions", json={"env": "swe", "task": {"seed": 1}, "trajectory_id": tid}).json()
+        assert old.state.value == "destroyed" and pools.held(tid) == []
+        assert c.post(f"/v1/sessions/{first['session_id']}/step", json={"action": BASH}).status_code == 404
+        c.post(f"/v1/sessions/{second['session_id']}/step", json={"action": "```bash\ncat f\n```"})
+        (new,) = pools.held(tid)
+        assert new is not old and new.owner == tid
 
 
 def test_an_expired_session_releases_its_sandbox(pools):

@@ -10,9 +10,9 @@ import redis.asyncio as aioredis
 
 from env_workers.client import EnvRejected, RemoteEnvs
 from env_workers.server import create_app
-from rollout_service.protocol import WorkerInfo
 from scheduler.registry import Registry
 from tests.conftest import REDIS_URL, LiveServer
+from wire import WorkerInfo
 
 
 @pytest.fixture
@@ -68,7 +68,7 @@ async def test_remote_envs_client(env_server):
 async def test_worker_registers_and_drops_out_when_stopped(keys, redis):
     info = WorkerInfo(id="env-t", url="http://x", envs=["math", "calc"])
     reg = Registry(redis, keys)
-    with LiveServer(create_app(registration=(aioredis.from_url(REDIS_URL), keys, info))):
+    with LiveServer(create_app(registration=(Registry(aioredis.from_url(REDIS_URL), keys), info))):
         deadline = time.monotonic() + 60  # generous: a loaded machine is slow, not wrong
         while not await reg.workers() and time.monotonic() < deadline:
             time.sleep(0.05)

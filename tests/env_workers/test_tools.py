@@ -9,9 +9,13 @@ from env_workers.sandbox import Limits
 from env_workers.tools import ToolFailure, Toolbox
 
 
+# Every wall-clock figure in this file is a generous bound, never a margin the test needs to win:
+# on a loaded machine a shell in a sandbox can take seconds to run an `echo`. A call returns as soon
+# as its command does, so a large default budget costs nothing; a test that needs a timeout to
+# fire runs a command that would otherwise go on for minutes.
 @pytest.fixture
 def box(make_sandbox):
-    tb = Toolbox(make_sandbox(Limits(timeout_s=5.0, output_bytes=4096)))
+    tb = Toolbox(make_sandbox(Limits(timeout_s=60.0, output_bytes=4096)))
     yield tb
     tb.close()
 
@@ -36,16 +40,27 @@ def test_bash_takes_commands_longer_than_a_terminal_line(box):
     assert r.text.strip() == "10001"
 
 
-def test_bash_timeout_interrupts_and_keeps_the_session(box):
+def test_bash_timeout_interrupts_and_keeps_the_session(box, monkeypatch):
+    # The grace only bounds how long an interrupted shell may take to answer ^C; it returns as
+    # soon as the shell does, so a long one proves the same and cannot lose a race under load.
+    monkeypatch.setattr(tools, "INTERRUPT_GRACE_S", 60.0)
     box.call("bash", command="cd /tmp && Y=kept")
-    r = box.call("bash", command="echo before; sleep 30", timeout_s=0.5)
-    assert r.failure is ToolFailure.timeout and "before" in r.text and "timed out" in r.text
+    r = box.call("bash", command="echo before; sleep 600; echo slept-through", timeout_s=5)
+    assert r.failure is ToolFailure.timeout and "interrupted with ^C" in r.text and "restarted" not in r.text
+    assert "before" in r.text and "slept-through" not in r.text  # the output so far; the rest never ran
+    assert r.duration_s < 300  # interrupted, not waited out
     assert box.call("bash", command="echo $Y $(pwd)").text == "kept /tmp\n"
+    # again: a marker the shell was asked for twice never leaks into later output
+    assert "interrupted" in box.call("bash", command="sleep 600", timeout_s=2).text
+    assert box.call("bash", command="echo $Y").text == "kept\n"
 
 
 def test_bash_that_ignores_interrupt_is_restarted(box, monkeypatch):
+    # A shell that ignores ^C (and its `sleep`, which inherits that) never answers, however long
+    # the grace: a short one only saves time. The budget is what must be generous: a ^C that lands
+    # before `trap` has run is answered, and the shell is (rightly) not restarted.
     monkeypatch.setattr(tools, "INTERRUPT_GRACE_S", 0.5)
-    r = box.call("bash", command="trap '' INT; sleep 30", timeout_s=0.5)
+    r = box.call("bash", command="trap '' INT; sleep 600", timeout_s=5)
     assert r.failure is ToolFailure.timeout and "restarted" in r.text
     assert box.call("bash", command="echo fresh").text == "fresh\n"
 

@@ -9,7 +9,7 @@ from env_workers.envs.calc import CalcEnv
 from env_workers.envs.textworld import TextWorldEnv, generate
 from examples.grpo.tasks import HELD_OUT_BASE, TASKS
 from examples.grpo.trainer import Config
-from rollout_service.protocol import Message, Trajectory
+from wire import Message, Trajectory
 
 
 def transcript(env, task: dict, actions: list[str], env_name: str) -> Trajectory:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rollout_service.engines import vllm_local
+from rollout_service.local import vllm_local
 from tests.conftest import free_port
 
 

@@ -31,7 +31,7 @@ async def _greedy(client, cfg):
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_two_grpo_steps_move_the_engine(tmp_path, prefix, monkeypatch, mode):
-    from rollout_service.engines import vllm_local
+    from rollout_service.local import vllm_local
     from trainer_client import AsyncRolloutClient
 
     monkeypatch.setenv("ROLLOUT_KEY_PREFIX", prefix)  # `rollout up` children inherit it

@@ -8,13 +8,13 @@ import httpx
 import pytest
 
 from env_workers.client import LocalEnvs
-from rollout_service.engines import vllm_local
 from rollout_service.engines.fleet import Fleet
-from rollout_service.protocol import EngineInfo, RolloutRequest
+from rollout_service.local import vllm_local
 from rollout_service.rollout import run_episode
 from scheduler.registry import Registry
 from scheduler.store import Work
 from tests.conftest import free_port
+from wire import EngineInfo, RolloutRequest
 
 pytestmark = pytest.mark.integration
 

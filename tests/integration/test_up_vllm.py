@@ -13,7 +13,7 @@ pytestmark = pytest.mark.integration
 
 def test_up_defaults_to_vllm_when_prepared(tmp_path):
     from rollout_service import up
-    from rollout_service.engines import vllm_local
+    from rollout_service.local import vllm_local
 
     cache = vllm_local.cache_dir()  # the prepared venv and model, not a fresh tmp cache
     proc, url = start_up(tmp_path, {"ROLLOUT_CACHE_DIR": str(cache)})

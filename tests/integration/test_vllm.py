@@ -11,16 +11,16 @@ import pytest
 
 from env_workers.client import LocalEnvs
 from env_workers.env import EnvError, StepResult
-from env_workers.registry import EnvSpec, register, names
+from env_workers.registry import EnvSpec, names, register
 from rollout_service.engines.fleet import Fleet
 from rollout_service.engines.vllm import VLLMEngine
-from rollout_service.protocol import EngineInfo, Message, RolloutRequest, SamplingParams, TrajectoryState
 from rollout_service.rollout import run_episode
 from rollout_service.tokens import load_tokenizer
 from scheduler.registry import Registry
 from scheduler.store import Work
 from tests.conftest import RunningWorker
 from trainer_client import RolloutClient
+from wire import EngineInfo, Message, RolloutRequest, SamplingParams, TrajectoryState
 
 pytestmark = pytest.mark.integration
 

@@ -46,6 +46,17 @@ def test_results_pages_and_events(gateway, settings):
         assert len(set(ids)) == 6 and page2["next_cursor"] is None
         one = c.get(f"/v1/trajectories/{ids[0]}").json()
         assert one["turns"][0]["output_ids"] and one["reward"] in (0.0, 1.0)
+        assert one["training_samples"] is None  # the flat view only when asked: it doubles the tokens sent
+        # Raw HTTP users get the training view, aligned, without our SDK.
+        flat = c.get(f"/v1/trajectories/{ids[0]}", params={"samples": "true"}).json()["training_samples"]
+        turns = one["turns"]
+        assert len(flat) == 1 and flat[0]["token_ids"] == [i for t in turns for i in t["prompt_ids"] + t["output_ids"]]
+        assert len(flat[0]["token_ids"]) == len(flat[0]["loss_mask"]) == len(flat[0]["logprobs"])
+        assert sum(flat[0]["loss_mask"]) == sum(len(t["output_ids"]) for t in turns)
+        page = c.get(f"/v1/batches/{bid}/trajectories", params={"samples": "true"}).json()["items"]
+        assert all(t["training_samples"][0]["token_ids"] for t in page)
+        schema = c.get("/openapi.json").json()["components"]["schemas"]["Trajectory"]["properties"]
+        assert "loss_mask" in schema["training_samples"]["description"]
 
 
 def test_cancel_stops_the_batch(gateway):
@@ -118,7 +129,7 @@ def test_jobs_survive_a_gateway_restart(settings):
 
 
 def test_metrics_after_a_batch(gateway, settings):
-    from rollout_service.protocol import EngineInfo
+    from wire import EngineInfo
 
     with httpx.Client(base_url=gateway.url) as c, RunningWorker(settings):
         c.post("/v1/engines", json=EngineInfo(id="e1", url="http://127.0.0.1:9", role="decode").model_dump())

@@ -13,12 +13,12 @@ import pytest
 
 from env_workers.client import LocalEnvs
 from rollout_service.engines.fleet import Fleet
-from rollout_service.protocol import EngineInfo, RolloutRequest
 from rollout_service.rollout import run_episode
 from scheduler.registry import Registry
 from scheduler.router import StickyLeastLoaded
 from scheduler.store import Work
 from tests.conftest import free_port
+from wire import EngineInfo, RolloutRequest
 
 
 def start_sim(time_scale: float) -> tuple[subprocess.Popen, str]:
@@ -136,3 +136,13 @@ async def test_prefill_decode_split_hands_kv_over_and_matches_colocated(redis, k
     finally:
         for srv in servers:
             srv.__exit__(None, None, None)
+
+
+async def test_engines_are_built_by_kind_and_unknown_kinds_are_skipped(redis, keys):
+    reg = Registry(redis, keys)
+    await reg.add_engine(EngineInfo(id="v", url="http://127.0.0.1:9"))
+    await reg.add_engine(EngineInfo(id="x", url="http://127.0.0.1:9", kind="nope"))
+    fleet = Fleet(registry=reg)
+    await fleet.refresh(force=True)
+    assert fleet.engine_ids == ["v"] and type(fleet._engines["v"][0]).__name__ == "VLLMEngine"
+    await fleet.aclose()

@@ -10,10 +10,10 @@ from env_workers.client import LocalEnvs
 from rollout_service.engines.base import EngineError
 from rollout_service.engines.fleet import Fleet
 from rollout_service.engines.sim import SimEngine
-from rollout_service.protocol import FailureKind, RolloutRequest, SamplingParams, TrajectoryState
 from rollout_service.rollout import run_episode
 from rollout_service.tokens import ByteTokenizer
 from scheduler.store import Work
+from wire import FailureKind, RolloutRequest, SamplingParams, TrajectoryState
 
 TOK = ByteTokenizer()
 
@@ -96,9 +96,7 @@ async def test_engine_failure_is_data_with_kind_engine():
 async def test_bad_task_is_a_rejected_failure_never_retried():
     traj = await run_episode(work(env="math", task={"nothing": 1}), fleet(SimEngine()), LocalEnvs())
     assert traj.failure.kind is FailureKind.rejected and "bad math task" in traj.failure.message
-    from rollout_service.worker import RETRYABLE
-
-    assert FailureKind.rejected not in RETRYABLE and not traj.failure.kind.infrastructure
+    assert not traj.failure.kind.retryable and not traj.failure.kind.infrastructure
 
 
 async def test_deadline_is_a_timeout_failure():
@@ -120,7 +118,7 @@ class ThinkStripping(ByteTokenizer):
     def render(self, messages, add_generation_prompt):
         import re
 
-        from rollout_service.protocol import Message
+        from wire import Message
 
         last_asst = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=-1)
         kept = [Message(role=m.role, content=re.sub(r"<think>.*?</think>", "", m.content, flags=re.S))
@@ -161,7 +159,7 @@ class NoSandbox:
     """An environment whose sandbox cannot be had."""
 
     def reset(self, task, seed=None):
-        from rollout_service.protocol import Message
+        from wire import Message
 
         return [Message(role="user", content="run it")], {}
 
@@ -181,20 +179,20 @@ async def test_sandbox_trouble_is_a_sandbox_failure():
         register(EnvSpec("no_sandbox", NoSandbox, "test: sandbox never available", example_tasks=[{}]))
     traj = await run_episode(work(env="no_sandbox", task={}), fleet(SimEngine()), LocalEnvs())
     assert traj.state is TrajectoryState.failed and traj.failure.kind is FailureKind.sandbox
-    assert "pool exhausted" in traj.failure.message and traj.failure.maskable
+    assert "pool exhausted" in traj.failure.message and traj.failure.kind.infrastructure
 
 
 class SlowTool:
     """A tool call that times out: the model reads it as text, the turn records its kind."""
 
     def reset(self, task, seed=None):
-        from rollout_service.protocol import Message
+        from wire import Message
 
         return [Message(role="user", content="run it")], {}
 
     def step(self, action):
         from env_workers.env import StepResult
-        from rollout_service.protocol import Message
+        from wire import Message
 
         return StepResult([Message(role="user", content="[timed out after 10s]")], 0.0, False, False,
                           {"tool_failure": "timeout"})

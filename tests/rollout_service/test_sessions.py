@@ -11,8 +11,8 @@ import redis as syncredis
 
 from rollout_service.engines.sim import SimEngine
 from rollout_service.engines.sim_server import create_app as sim_app
-from rollout_service.protocol import EngineInfo
 from tests.conftest import REDIS_URL, LiveServer
+from wire import EngineInfo
 
 
 class Recording(SimEngine):

@@ -1,5 +1,5 @@
-from rollout_service.protocol import Message
 from rollout_service.tokens import ByteTokenizer, ChatTokens
+from wire import Message
 
 
 def test_continuation_reproduces_full_render():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rollout_service.engines import vllm_local
+from rollout_service.local import vllm_local
 
 
 def test_dtype_follows_native_bf16_support(monkeypatch):

@@ -11,12 +11,12 @@ from env_workers.client import LocalEnvs
 from rollout_service.engines.fleet import Fleet
 from rollout_service.engines.sim import SimEngine
 from rollout_service.engines.sim_server import create_app as sim_app
-from rollout_service.protocol import EngineInfo, RolloutRequest, SamplingParams
 from rollout_service.rollout import run_episode
 from scheduler.registry import Registry
 from scheduler.store import Work
 from tests.conftest import LiveServer
 from trainer_client import RolloutClient, WeightUpdateError
+from wire import EngineInfo, RolloutRequest, SamplingParams
 
 
 def work(i: int) -> Work:

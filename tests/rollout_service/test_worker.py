@@ -8,10 +8,10 @@ import time
 
 from rollout_service.engines.base import EngineError
 from rollout_service.engines.sim import SimEngine
-from rollout_service.protocol import FailureKind, RolloutRequest, TrajectoryState
 from scheduler.queue import Queue
 from scheduler.store import Store
 from tests.conftest import RunningWorker
+from wire import FailureKind, RolloutRequest, TrajectoryState
 
 
 async def wait_done(store: Store, bid: str, timeout: float = 30.0):
@@ -80,7 +80,7 @@ async def test_infrastructure_failure_is_retried_then_recorded(settings, redis, 
         await wait_done(store, b2.id)
     t2 = await store.trajectory(f"{b2.id}-0-0")
     assert t2.state is TrajectoryState.failed and t2.failure.kind is FailureKind.engine
-    assert t2.attempts == settings.max_attempts and t2.failure.maskable and not t2.usable
+    assert t2.attempts == settings.max_attempts and t2.failure.kind.infrastructure and not t2.usable
 
 
 async def test_dead_workers_trajectory_is_picked_up_by_another(settings, redis, keys):

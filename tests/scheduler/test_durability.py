@@ -9,12 +9,12 @@ import time
 import pytest
 import redis.asyncio as aioredis
 
-from rollout_service.protocol import RolloutRequest, TrajectoryState
 from rollout_service.up import redis_server_binary
 from scheduler.keys import Keys
 from scheduler.queue import Queue
 from scheduler.store import Store
 from tests.conftest import free_port
+from wire import RolloutRequest, TrajectoryState
 
 
 def start_redis(port: int, data) -> subprocess.Popen:

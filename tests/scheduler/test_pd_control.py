@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from rollout_service.engines.fleet import Fleet
 from rollout_service.engines.sim import SimEngine
-from rollout_service.protocol import EngineInfo
 from scheduler.allocator import AllocatorConfig, Capacity
-from scheduler.pd_control import PDController, demand_from
+from scheduler.forecast import Demand
+from scheduler.pd_control import PDController
 from scheduler.registry import Registry
+from wire import EngineInfo
 
 IDS = [f"e{i}" for i in range(8)]
 PREFILL_HEAVY = {"forecast:prefill_tokens": 2_000_000, "forecast:decode_tokens": 64_000, "forecast:decode_seqs": 64,
@@ -21,7 +22,7 @@ def additive() -> Capacity:
 
 
 def test_demand_sums_workers_and_weights_means():
-    d = demand_from({**PREFILL_HEAVY, "forecast:live": 32, "forecast:context_tokens": 64_000}, 10.0)
+    d = Demand.from_report({**PREFILL_HEAVY, "forecast:live": 32, "forecast:context_tokens": 64_000}, 10.0)
     assert d.prefill_tokens == 2_000_000 and d.live == 32 and d.mean_context == 2000.0
 
 
@@ -37,23 +38,36 @@ async def test_controller_drains_then_switches_and_routers_follow(redis, keys):
     await reg.report("w1", {"e0": 5000}, set())  # some engine is busy: it costs more to drain
     moves = await ctl.step()
     assert moves and all(m.new.value == "prefill" for m in moves) and "e0" not in {m.engine for m in moves}
-    roles = {e.id: e.role for e in await reg.engines()}
+    states = {e.id: e.state for e in await reg.engines()}
     moving = [m.engine for m in moves]
-    assert all(roles[e] == "draining" for e in moving)
+    assert all(states[e] == "draining" for e in moving)
 
     fleet = Fleet({eid: (SimEngine(eid), "byte") for eid in IDS}, registry=reg, refresh_s=0)
     await fleet.refresh(force=True)
     for i in range(20):  # new trajectories never land on a draining engine
-        assert fleet._pick(f"t{i}", fleet._available("byte"))[0] not in moving
+        assert fleet.policy.route(f"t{i}", fleet._available("byte"), fleet.roles)[0] not in moving
 
     now[0] += 5
     await ctl.step()  # nothing in flight on them: the drain completes
-    roles = {e.id: e.role for e in await reg.engines()}
-    assert all(roles[e] == "prefill" for e in moving)
+    infos = {e.id: e for e in await reg.engines()}
+    assert all(infos[e].role == "prefill" and infos[e].state == "ready" for e in moving)
     await fleet.refresh(force=True)
     loads = fleet._available("byte")
     for i in range(20):  # prefill-only engines never decode
-        assert fleet._pick(f"u{i}", loads)[1] not in moving
+        assert fleet.policy.route(f"u{i}", loads, fleet.roles)[1] not in moving
     # a prefill on a prefill-only engine hands its decode to another engine
-    assert fleet.policy.pick_decode("fresh", loads, prefilled_on=moving[0]) not in moving
+    assert fleet.policy.pick_decode("fresh", loads, moving[0], fleet.roles) not in moving
     await fleet.aclose()
+
+
+async def test_a_new_controller_releases_drains_an_earlier_one_left(redis, keys):
+    """The plan behind a drain lives in the allocator; one that restarted (or saw the engine set
+    change) serves the published role again rather than leave the engine idle forever."""
+    reg = Registry(redis, keys)
+    for eid in IDS:
+        await reg.add_engine(EngineInfo(id=eid, url=f"http://127.0.0.1:9/{eid}", role="decode"))
+    await reg.drain("e1")
+    assert (await reg.engine("e1")).state == "draining"
+    await PDController(reg, additive(), AllocatorConfig(dwell_s=0), clock=lambda: 100.0).step()
+    e1 = await reg.engine("e1")
+    assert e1.state == "ready" and e1.role == "decode"

@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from rollout_service.protocol import Failure, FailureKind, RolloutRequest, Trajectory, TrajectoryState
 from scheduler.queue import LeaseLost, Queue
 from scheduler.store import Store
+from wire import Failure, FailureKind, RolloutRequest, Trajectory, TrajectoryState
 
 
 def request(n_tasks=2, group=2, **kw) -> RolloutRequest:

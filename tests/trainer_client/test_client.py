@@ -45,3 +45,32 @@ async def test_async_client(gateway, settings):
             got = [t async for t in c.iter_results(batch.id)]
         assert len(got) == 4 and all(t.state.value == "completed" for t in got)
         assert (await c.cancel(batch.id)).state.value == "completed"  # finished batches stay finished
+
+
+def test_the_async_client_has_every_method_of_the_sync_one():
+    import inspect
+
+    def public(cls):
+        return {n for n, _ in inspect.getmembers(cls) if not n.startswith("_")} - {"close", "aclose"}
+
+    assert public(RolloutClient) == public(AsyncRolloutClient)
+
+
+async def test_admin_methods_sync_and_async(gateway):
+    """What `rollout engines/workers/keys/status` use: public methods, the same in both clients."""
+    with RolloutClient(gateway.url) as c:
+        c.register_engine("e-admin", "http://127.0.0.1:9", model="m")
+        assert c.set_engine_role("e-admin", "prefill")["role"] == "prefill"
+        assert c.workers() == [] and c.batches() == []
+        assert "rollout_queue_depth" in c.metrics()
+        assert c.states().usable == ["completed", "truncated"]
+        key = c.create_api_key("team-a")
+        assert key.tenant == "team-a" and not key.admin and key.key
+    async with AsyncRolloutClient(gateway.url) as a:
+        assert (await a.set_engine_role("e-admin", "decode"))["role"] == "decode"
+        assert [e["id"] for e in await a.engines()] == ["e-admin"]
+        assert await a.workers() == [] and await a.batches() == []
+        assert "rollout_queue_depth" in await a.metrics()
+        assert (await a.create_api_key("team-b", admin=True)).admin
+        await a.deregister_engine("e-admin")
+        assert await a.engines() == []

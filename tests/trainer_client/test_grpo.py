@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from rollout_service.protocol import Failure, FailureKind, Trajectory, TrajectoryState, Turn
 from trainer_client.grpo import advantages, clipped_loss, pack, token_logprobs, within_staleness
+from wire import Failure, FailureKind, Trajectory, TrajectoryState, Turn
 
 torch = pytest.importorskip("torch")
 

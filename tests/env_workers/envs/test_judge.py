@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
+import httpx
 import pytest
 
 from env_workers.env import EnvUnavailable
 from env_workers.envs import judge as judge_mod
-from env_workers.envs.judge import EngineJudge, JudgeEnv, JudgeUnavailable, parse_score
-from rollout_service.protocol import EngineInfo
-from scheduler.registry import Registry
-from tests.conftest import REDIS_URL, LiveServer
+from env_workers.envs.judge import JudgeEnv, JudgeUnavailable, OpenAIJudge, parse_score
+from tests.conftest import LiveServer, free_port
 
 
 def fake_judge(messages) -> str:
@@ -71,29 +72,43 @@ def test_no_judge_configured_is_a_clear_error(monkeypatch):
         env.step("x")
 
 
-async def test_engine_judge_with_no_engine_registered(prefix):
-    with pytest.raises(JudgeUnavailable, match="no engine"):
-        await EngineJudge(REDIS_URL, prefix)._ask(judge_mod.judge_messages({"prompt": "p", "rubric": "r"}, "x"))
+def test_openai_judge_with_nothing_listening():
+    judge = OpenAIJudge(f"http://127.0.0.1:{free_port()}/v1", timeout_s=5)
+    with pytest.raises(JudgeUnavailable, match="no judge reachable"):
+        judge(judge_mod.judge_messages({"prompt": "p", "rubric": "r"}, "x"))
 
 
-def test_engine_judge_asks_a_registered_engine_over_http(prefix, keys):
-    """The real path: registry in Redis -> tokenizer -> VLLMEngine.generate against the
-    vLLM-compatible simulated engine. Its toy policy is no grader: no score, a clear error."""
-    import asyncio
+def test_openai_judge_refuses_an_answer_that_is_not_a_chat_completion():
+    transport = httpx.MockTransport(lambda req: httpx.Response(200, json={"choices": []}))
+    with pytest.raises(JudgeUnavailable, match="not a chat completion"):
+        OpenAIJudge("http://judge/v1", transport=transport)(judge_mod.judge_messages({"prompt": "p", "rubric": "r"},
+                                                                                     "x"))
 
-    import redis.asyncio as aioredis
 
+def test_openai_judge_sends_the_chat_greedily():
+    seen = []
+
+    def answer(req: httpx.Request) -> httpx.Response:
+        seen.append((str(req.url), json.loads(req.content)))
+        return httpx.Response(200, json={"choices": [{"message": {"role": "assistant", "content": "ok. score: 7"}}]})
+
+    judge = OpenAIJudge("http://judge/v1/", model="j", max_tokens=9, transport=httpx.MockTransport(answer))
+    env = JudgeEnv(judge=judge)
+    env.reset({"prompt": "What is 2+2?"})
+    assert env.step("4").reward == 0.7
+    url, body = seen[0]
+    assert url == "http://judge/v1/chat/completions" and body["model"] == "j" and body["temperature"] == 0.0
+    assert body["max_tokens"] == 9 and body["messages"][0]["role"] == "system"
+
+
+def test_openai_judge_asks_the_simulated_engine_over_http():
+    """The real path, over HTTP, against the simulated engine's chat completions. Its toy
+    policy is no grader: no score, a clear error."""
     from rollout_service.engines.sim import SimEngine
     from rollout_service.engines.sim_server import create_app
 
     with LiveServer(create_app(SimEngine("judge-0", seed=1))) as srv:
-        async def register():
-            r = aioredis.from_url(REDIS_URL)
-            await Registry(r, keys).add_engine(EngineInfo(id="judge-0", url=srv.url, model="sim", tokenizer="byte"))
-            await r.aclose()
-
-        asyncio.run(register())
-        judge = EngineJudge(REDIS_URL, prefix, max_tokens=32)
+        judge = OpenAIJudge(f"{srv.url}/v1", model="sim", max_tokens=32)
         text = judge(judge_mod.judge_messages({"prompt": "What is 2+2?", "rubric": "r"}, "4"))
         assert isinstance(text, str) and text
         env = JudgeEnv(judge=judge)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from env_workers.envs.swe import _BANK, SweEnv, generate
-from scheduler.resources import PoolSize, Pools
+from env_workers.resources import Pools, PoolSize
 
 
 def the_fix(repo) -> tuple[str, str, str]:

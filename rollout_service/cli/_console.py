@@ -1,0 +1,5 @@
+"""The one console every `rollout` command prints to."""
+
+from rich.console import Console
+
+console = Console()

@@ -1,0 +1,58 @@
+"""Wire types: everything that crosses HTTP, and nothing else. A leaf: it imports pydantic and
+the standard library, never our other packages (tests/test_imports.py holds that line).
+
+    wire.batches    batches and trajectories (RolloutRequest, Trajectory, states, failures)
+    wire.engines    engine registration, roles and weight updates
+    wire.envs       the env-worker wire (EnvOpen, EnvStepped, WorkerInfo)
+    wire.sessions   the gateway's OpenAI-compatible session proxy
+    wire.auth       API keys
+    wire.errors     the one error shape, and the exceptions that render as it
+    wire.base       what the families share (model bases, bounds, Message)
+
+Pydantic lives here and only here. Inside the service the same data travels as these models
+(they are the stored form in Redis too), so a trajectory read back by a trainer is
+byte-for-byte what the worker recorded. Every name is importable from `wire` itself.
+
+Example:
+    >>> from wire import RolloutRequest
+    >>> RolloutRequest(tasks=[{"question": "2+2?", "answer": 4}], env="math", group_size=2).num_trajectories
+    2
+"""
+
+from wire.auth import ApiKeyCreate, ApiKeyCreated
+from wire.base import MAX_GROUP_SIZE, MAX_TOKENS_PER_TURN, MAX_TURNS, Input, Int, Message, Seed, Version, Wire
+from wire.batches import (
+    TERMINAL_STATES,
+    USABLE_STATES,
+    BatchCreated,
+    BatchState,
+    BatchStatus,
+    Failure,
+    FailureKind,
+    GroupStatus,
+    RolloutRequest,
+    Sample,
+    SamplingParams,
+    StateRules,
+    Trajectory,
+    TrajectoryEvent,
+    TrajectoryPage,
+    TrajectoryState,
+    Turn,
+    TurnTimings,
+)
+from wire.engines import EngineInfo, EngineRoleUpdate, EngineUpdateResult, WeightUpdate, WeightUpdateResult
+from wire.envs import EnvAction, EnvOpen, EnvOpened, EnvStepped, WorkerInfo
+from wire.errors import ApiError, Conflict, ErrorBody, ErrorResponse, NotFound, Overloaded, error_body
+from wire.sessions import ChatCompletionRequest, ChatMessageIn, SessionCreate, SessionCreated, SessionFinish
+
+__all__ = [
+    "MAX_GROUP_SIZE", "MAX_TOKENS_PER_TURN", "MAX_TURNS", "TERMINAL_STATES", "USABLE_STATES",
+    "ApiError", "ApiKeyCreate", "ApiKeyCreated", "BatchCreated", "BatchState", "BatchStatus", "ChatCompletionRequest",
+    "ChatMessageIn", "Conflict", "EngineInfo", "EngineRoleUpdate", "EngineUpdateResult", "EnvAction", "EnvOpen",
+    "EnvOpened", "EnvStepped", "ErrorBody", "ErrorResponse", "Failure", "FailureKind", "GroupStatus", "Input", "Int",
+    "Message", "NotFound", "Overloaded", "RolloutRequest", "Sample", "SamplingParams", "Seed", "SessionCreate",
+    "SessionCreated", "SessionFinish", "StateRules", "Trajectory", "TrajectoryEvent", "TrajectoryPage",
+    "TrajectoryState", "Turn", "TurnTimings", "Version", "WeightUpdate", "WeightUpdateResult", "Wire", "WorkerInfo",
+    "error_body",
+]

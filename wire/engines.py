@@ -1,0 +1,65 @@
+"""Engines and weights: registering an engine, changing its role, pushing new weights."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from wire.base import Input, Int, Version, Wire
+
+
+class EngineInfo(Input):
+    id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")
+    url: str = Field(min_length=8, max_length=512, pattern=r"^https?://[A-Za-z0-9._\[\]-]+(:[0-9]{1,5})?(/[!-~]*)?$")
+    model: str = Field("default", max_length=200)
+
+    @field_validator("url")
+    @classmethod
+    def _parsable(cls, v: str) -> str:
+        # Within the pattern above, the one URL httpx cannot use is a bracketed host (an IPv6
+        # literal, which needs ':' and so never matches): refused here, so every URL that
+        # passes is one the engine client can reach, without importing an HTTP library.
+        host = v.split("://", 1)[1].split("/", 1)[0].split(":", 1)[0]
+        if host.startswith("[") and "]" in host:
+            raise ValueError(f"not a usable URL: invalid IPv6 host {host!r}")
+        return v
+    policy_version: Int = Field(0, ge=0)
+    kind: str = Field("vllm", min_length=1, max_length=64, pattern=r"^[a-z0-9_]+$",
+                      description="Which client speaks to it (`rollout_service.engines.kinds`); "
+                                  "an engine of a kind a worker does not know is skipped.")
+    tokenizer: str = Field("byte", max_length=512, description="'byte' or a local tokenizer folder.")
+    role: Literal["prefill", "decode", "mixed"] = Field(
+        "mixed", description="Which half of a turn it serves (prefill/decode allocation).")
+    state: Literal["ready", "draining"] = Field(
+        "ready", description="draining: finishing what it holds before the allocator gives it a new role; it gets "
+                             "no new work meanwhile.")
+
+
+class EngineRoleUpdate(Input):
+    role: Literal["prefill", "decode", "mixed"]
+
+
+class WeightUpdate(Input):
+    """Push new weights: a full checkpoint folder, or (with `lora_name`) a LoRA adapter folder."""
+
+    path: str = Field(min_length=1, max_length=1024, description="Folder readable by the engines.")
+    lora_name: str | None = Field(None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:-]+$",
+                                  description="Load `path` as this LoRA adapter; requests then name it.")
+    version: Version | None = Field(None, description="Default: highest current version + 1.")
+    engines: list[str] | None = Field(None, description="Default: every registered engine.")
+
+
+class EngineUpdateResult(Wire):
+    engine_id: str
+    ok: bool
+    seconds: float
+    error: str | None = None
+
+
+class WeightUpdateResult(Wire):
+    """Partial failure is data: `ok` is False if any engine failed (it keeps its old version)."""
+
+    ok: bool
+    version: int
+    results: list[EngineUpdateResult]
