@@ -62,7 +62,8 @@ class AllocatorConfig:
     # ... and win at least this share of throughput: above the estimate's error against the
     # simulator (≈5-10% on dense models, where a split gains nothing), below the DP-attention gains
     min_gain: float = 0.10
-    confirm: int = 2  # the same target must win this many decisions in a row (a burst is not a trend)
+    confirm: int = 2  # the same target must win this many decisions in a row (a burst is not a trend)...
+    free_move: float = 20.0  # ... unless the gain is more than this many times the move's cost
     min_samples: int = 0  # engine steps the capacity fit must have seen before anything moves (0: trust the prior)
     # responses the forecaster must have learned from, as a share of the live trajectories, before
     # anything moves: the first responses to finish are the short ones, so an early forecast of
@@ -257,13 +258,15 @@ class Allocator:
                 net = gain - cost
                 if best is None or net > best[0]:
                     best = (net, [Move(e, old, new) for (_, e, old), new, go in zip(gives, wants, now_moves) if go],
-                            lay, len(gives))
+                            lay, len(gives), gain <= cfg.free_move * cost)
         if best is None:
             self._pending = None
             return []
         target = best[2]  # the layout, not which engines: those follow drain times, which change
         self._pending = (target, self._pending[1] + 1 if self._pending and self._pending[0] == target else 1)
-        if self._pending[1] < cfg.confirm and best[2] != self._heading:
+        # confirming guards against paying for a move a passing burst asked for; a move that costs
+        # next to nothing (its engines hold next to nothing: a new batch on an idle cluster) is made at once
+        if self._pending[1] < cfg.confirm and best[2] != self._heading and best[4]:
             return []
         self._pending = None
         self._heading = best[2] if len(best[1]) < best[3] else None  # a two-step move: its second step needs no confirming

@@ -14,8 +14,11 @@ rate follows from the same fit at the engine's step budget (`chunk_tokens`, vLLM
 `max_num_batched_tokens` times the DP ranks: configuration, not speed)
 
 Whoever sees steps calls `observe_step`: the simulator for every simulated engine step, the
-live service from vLLM's per-step timings. The fit is ridge regression toward the prior, so the
-first few samples cannot swing it and a vague prior is soon forgotten (`ridge` pseudo-samples).
+live service from vLLM's per-step timings. The fit is least squares in relative error (each
+step weighs 1/seconds²), with a ridge toward the prior: `ridge` pseudo-samples of a one-second
+step, so light that it only holds the terms no sample has exercised yet (no chunk seen: the
+prior's chunk costs) and never bends what the samples say (a stronger pull toward a vague
+prior left a DP8 MoE group's fitted decode step 10x off).
 
     cap = Capacity(chunk_tokens=2048)
     cap.observe_step(batch=64, ctx_tokens=131_072, prefill_tokens=512, seconds=0.031)
@@ -82,6 +85,12 @@ class Capacity:
 
     def observe_step(self, batch: float, ctx_tokens: float, prefill_tokens: float, seconds: float,
                      prefix: float = 0.0, weight: float = 1.0) -> None:
+        if seconds <= 0:
+            return
+        # relative error is what matters: a decode step of 5 ms and a chunked step of 300 ms are
+        # fitted alike (by absolute error the long steps swamp the short ones, and the decode
+        # side, which most of the allocator's arithmetic rests on, came out 10x off)
+        weight /= seconds * seconds
         k = prefill_tokens
         kr = min(k, self.rank_tokens)
         beyond = k / 1e3 if self.rank_tokens < self.chunk_tokens else 0.0  # without DP ranks: the same as K

@@ -179,6 +179,15 @@ class Forecaster:
         self._arrived: dict[str, float] = {}  # tid -> arrival time of its current turn
         self._resp_abs = self._resp_total = 0.0
         self._resp_n = 0
+        self._learned = 0  # responses learned from (kept across `restart_clock`)
+
+    def restart_clock(self) -> None:
+        """Keep what was learned, forget the trajectories and the scoring: for a new run whose
+        clock starts again (the simulator's next rollout phase; a live worker never needs it)."""
+        for d in (self._forecasts, self._prefill_actual, self._decode_actual, self._open_turn, self._arrived):
+            d.clear()
+        self._resp_abs = self._resp_total = 0.0
+        self._resp_n = 0
 
     # --- learning ----------------------------------------------------------------------
     def _env(self, env: str) -> EnvStats:
@@ -230,6 +239,7 @@ class Forecaster:
         self._resp_n += 1
         if self.learn:
             m.add(ch.tokens)
+            self._learned += 1
             if ch.old is Phase.decoding and ch.now > ch.old_since:
                 self._speed.add(ch.tokens / (ch.now - ch.old_since))
         arrived = self._open_turn.pop(t.id, None)
@@ -299,7 +309,7 @@ class Forecaster:
                 weight *= 1.0 - self.end_prob(t.env, turn)
             resp += t.last_response
         d = Demand(h, p_back + p_arr, d_back + d_arr, seqs, ctx / n if n else 0.0, p_arr, d_arr, turns, n,
-                   resp / n if n else 0.0, self._resp_n)
+                   resp / n if n else 0.0, self._learned)
         self._forecasts.append((now, h, p_arr, d_arr))
         return d
 

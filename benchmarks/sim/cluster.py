@@ -39,6 +39,7 @@ Non-goals: failures and retries, weight updates, the Redis queue (see benchmarks
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -96,6 +97,18 @@ class Result:
     pushed_tokens: int = 0  # KV moved to a prefill engine: responses pushed back, contexts pulled (kv_push)
 
 
+@dataclass(slots=True, frozen=True)
+class Warm:
+    """A guided run's learned state: the capacity fit and the forecaster's statistics. RL training
+    rolls out the same environments step after step, and the live service keeps both between
+    batches (the allocator process and every worker's forecaster live on), so a rollout phase
+    after the first starts from what the one before it learned; `Cluster(warm=...)` starts a run
+    from it (copied: the source is left as it was)."""
+
+    capacity: Capacity
+    forecaster: Forecaster
+
+
 @dataclass(slots=True)
 class _Traj:
     ep: Episode
@@ -129,7 +142,7 @@ class _Loads(Mapping):
 class Cluster:
     def __init__(self, workload: Workload, gpus: int, policy: Policy, mode: str = "sync", seed: int = 0,
                  cost: ClusterCost | None = None, control_s: float = 5.0, horizon_s: float = 15.0,
-                 config: AllocatorConfig | None = None, kv_push: bool = True):
+                 config: AllocatorConfig | None = None, kv_push: bool = True, warm: "Warm | None" = None):
         if mode not in ("sync", "async"):
             raise ValueError(f"mode must be sync or async, not {mode!r}")
         self.workload, self.policy, self.mode, self.seed = workload, policy, mode, seed
@@ -140,7 +153,9 @@ class Cluster:
         self.kv_push = kv_push
         self.horizon_s = horizon_s
         c = self.cost
-        if policy.true_cost:
+        if warm is not None and self.guided and not policy.true_cost:
+            self.capacity = copy.deepcopy(warm.capacity)  # what an earlier phase measured
+        elif policy.true_cost:
             self.capacity = Capacity(step=c.prior(), kv_tokens=c.kv_capacity_tokens, chunk_tokens=c.step_tokens,
                                      rank_tokens=c.prefill_chunk_tokens)
         else:  # a vague prior (Capacity's defaults); the engine's memory and step budgets are configuration
@@ -160,6 +175,9 @@ class Cluster:
         # the engines were up before the run: their starting roles are not a recent move (dwell)
         self.allocator = Allocator(self.gpus, self.capacity, config, layout, now=-config.dwell_s)
         self.forecaster = Forecaster(horizon_s)
+        if warm is not None and self.guided:
+            self.forecaster = copy.deepcopy(warm.forecaster)
+            self.forecaster.restart_clock()
         self.lifecycle = Lifecycle(clock=lambda: self.loop.now, observers=[self.forecaster] if self.guided else [])
         self.router = RoleAware()
         self.roles = self.allocator.roles()  # the allocator's, refreshed when it moves an engine
@@ -172,6 +190,10 @@ class Cluster:
         self.layouts: list[tuple[float, int, int, int]] = []
 
     # --- running ------------------------------------------------------------------------
+    def warm(self) -> "Warm":
+        """What this run learned, to start another from (after `run`)."""
+        return Warm(self.capacity, self.forecaster)
+
     def run(self) -> Result:
         if self.mode == "sync":
             self._submit_round()

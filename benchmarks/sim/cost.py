@@ -275,7 +275,7 @@ class ClusterCost:
                     for prefix in ((0, 4096, 16384, 32768) if k else (0,)):
                         if (b or k) and b * ctx <= self.kv_capacity_tokens:
                             y = self.step_time(b, b * ctx, k, prefix)
-                            cap.observe_step(b, b * ctx, k, y, prefix, weight=1 / y**2)  # relative errors alike
+                            cap.observe_step(b, b * ctx, k, y, prefix)  # relative errors alike (observe_step weighs by 1/y²)
         cap._refit()
         return list(cap.step)
 

@@ -106,10 +106,19 @@ def test_may_move_more_than_a_quarter_at_once_when_the_forecast_says_so():
 
 def test_a_target_must_win_twice_in_a_row():
     a = Allocator(IDS, additive(), AllocatorConfig(confirm=2))
-    assert a.allocate(PREFILL_HEAVY, {}, now=60.0) == []
-    assert a.allocate(DECODE_ONLY, {}, now=65.0) == []  # the burst is over: nothing confirmed
-    assert a.allocate(PREFILL_HEAVY, {}, now=70.0) == []
-    assert a.allocate(PREFILL_HEAVY, {}, now=75.0) != []
+    busy = {e: 5.0 for e in IDS}  # every engine holds 5 s of work: a move is dear
+    assert a.allocate(PREFILL_HEAVY, busy, now=60.0) == []
+    assert a.allocate(DECODE_ONLY, busy, now=65.0) == []  # the burst is over: nothing confirmed
+    assert a.allocate(PREFILL_HEAVY, busy, now=70.0) == []
+    assert a.allocate(PREFILL_HEAVY, busy, now=75.0) != []
+
+
+def test_a_move_that_costs_next_to_nothing_needs_no_confirming():
+    """A new batch on an idle cluster: nothing to drain, nothing cached, so the first decision acts."""
+    idle = Allocator(IDS, additive(), AllocatorConfig(confirm=2, switch_s=0.0))
+    assert idle.allocate(PREFILL_HEAVY, {e: 0.01 for e in IDS}, now=60.0) != []
+    strict = Allocator(IDS, additive(), AllocatorConfig(confirm=2, switch_s=0.0, free_move=float("inf")))
+    assert strict.allocate(PREFILL_HEAVY, {e: 0.01 for e in IDS}, now=60.0) == []
 
 
 def test_the_flip_time_weighs_against_a_move():
@@ -194,6 +203,23 @@ def test_capacity_fit_recovers_measured_step_times():
     before = cap.prefill_rate()
     cap.observe_prefill(10_000, 1.0)  # a slow prefill timed end to end pulls the rate down a little
     assert 0.9 * before < cap.prefill_tok_s < before
+
+
+def test_capacity_fit_weighs_short_and_long_steps_alike():
+    """Decode steps of a few ms beside chunked steps of hundreds: fitted by relative error, the
+    short ones are not swamped (by absolute error, toward a vague prior, they came out 10x off)."""
+    truth = Capacity(step=[0.0057, 1.9e-6, 2.9e-9, 8.3e-6, 0.0021, 1.0e-6, 2.7e-9], chunk_tokens=16_384,
+                     rank_tokens=2048)
+    cap = Capacity(chunk_tokens=16_384, rank_tokens=2048)  # the vague default prior
+    rng = random.Random(1)
+    for _ in range(2048):
+        b, per = rng.randint(1, 400), rng.uniform(500, 30_000)
+        k = rng.choice([0, 0, 16_384, rng.uniform(0, 16_384)])
+        prefix = rng.uniform(0, 60_000) if k else 0.0
+        cap.observe_step(b, b * per, k, truth.step_s(b, per, k, prefix), prefix)
+    for b, per in ((1, 1000), (64, 2000), (380, 15_000), (95, 15_000)):
+        assert cap.step_s(b, per) == pytest.approx(truth.step_s(b, per), rel=0.05), cap.step
+    assert cap.step_s(95, 15_000, 2048, 15_000) == pytest.approx(truth.step_s(95, 15_000, 2048, 15_000), rel=0.05)
 
 
 def test_nothing_moves_on_a_forecast_that_is_still_mostly_prior():
