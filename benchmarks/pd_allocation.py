@@ -10,8 +10,12 @@ allocator and router) runs the same episodes under:
   p ∈ N·{1/8, 1/4, 3/8, 1/2, 5/8, 3/4};
 - guided: starts colocated; every 5 s the forecaster and allocator may move engines; the
   allocator's step model is fitted to the simulated engines' own steps (no prior from the cost
-  model);
-- guided, perfect forecast: the same, told the true demand of the next 15 s;
+  model). It starts from what it learned in the rollout phase before (the same workload with
+  another seed, run first and not timed): RL training rolls out the same environments step
+  after step, and the live service keeps its forecasters and fit between batches;
+- guided, cold: the same without the phase before (the first rollout phase of a run: the
+  forecast is its prior until responses come back, the fit needs steps);
+- guided, perfect forecast: warm as guided, told the true demand of the next 15 s;
 - hindsight oracle: the best in hindsight of colocated, every static split, and a dynamic run
   told the true demand and the true cost model (`Policy.oracle()`).
 
@@ -42,7 +46,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
-from benchmarks.sim.cluster import Cluster, Policy, Result  # noqa: E402
+from benchmarks.sim.cluster import Cluster, Policy, Result, Warm  # noqa: E402
 from benchmarks.sim.cost import PRESETS, ClusterCost  # noqa: E402
 from benchmarks.sim.workload import WORKLOADS  # noqa: E402
 
@@ -63,15 +67,21 @@ def run_seed(workload: str, mode: str, engines: int, seed: int, cost: ClusterCos
     per_engine = max(1, round(WORKLOADS[workload].per_gpu * scale * cost.gpus))
     wl = dataclasses.replace(WORKLOADS[workload], per_gpu=per_engine)
 
-    def one(policy: Policy, c: ClusterCost = cost) -> Result:
-        return Cluster(wl, engines, policy, mode, seed=seed, cost=c).run()
+    def one(policy: Policy, c: ClusterCost = cost, warm: Warm | None = None) -> Result:
+        return Cluster(wl, engines, policy, mode, seed=seed, cost=c, warm=warm).run()
+
+    # the rollout phase before this one (same workload, another seed): what guided learned there
+    before = Cluster(wl, engines, Policy.guided(), mode, seed=seed + 1000, cost=cost)
+    before.run()
+    warm = before.warm()
 
     colo = one(Policy.colocated())
     tuned = {ch: colo if ch == cost.prefill_chunk_tokens else
              one(Policy.colocated(), dataclasses.replace(cost, prefill_chunk_tokens=ch)) for ch in CHUNKS}
     statics = [one(Policy.static(p)) for p in splits(engines)]
     best = min(statics, key=lambda r: r.makespan_s)
-    guided, perfect, dyn = one(Policy.guided()), one(Policy.guided(perfect=True)), one(Policy.oracle())
+    guided, perfect = one(Policy.guided(), warm=warm), one(Policy.guided(perfect=True), warm=warm)
+    cold, dyn = one(Policy.guided()), one(Policy.oracle())
     oracle = min([colo, dyn, *statics], key=lambda r: r.makespan_s)
     fe = guided.forecast
     return {
@@ -82,6 +92,7 @@ def run_seed(workload: str, mode: str, engines: int, seed: int, cost: ClusterCos
         "statics": {r.policy: r.makespan_s for r in statics},
         "best_static": best.policy, "best_static_s": best.makespan_s,
         "guided_s": guided.makespan_s, "guided_moves": guided.moves, "guided_layouts": guided.layouts,
+        "guided_cold_s": cold.makespan_s, "guided_cold_moves": cold.moves,
         "perfect_s": perfect.makespan_s, "perfect_moves": perfect.moves,
         "oracle_dynamic_s": dyn.makespan_s, "oracle_s": oracle.makespan_s, "oracle": oracle.policy,
         "prefill_tokens": {"colocated": colo.prefill_tokens, "best_static": best.prefill_tokens,
@@ -114,6 +125,7 @@ def summarize(cell: dict) -> dict:
               ("best-static/colocated", None), ("perfect/colocated", None), ("oracle/colocated", None)) if f}
     ratio["best-static/colocated"] = spread([r["colocated_s"] / r["best_static_s"] for r in runs])
     ratio["perfect/colocated"] = spread([r["colocated_s"] / r["perfect_s"] for r in runs])
+    ratio["cold/colocated"] = spread([r["colocated_s"] / r["guided_cold_s"] for r in runs if "guided_cold_s" in r])
     ratio["oracle/colocated"] = spread([r["colocated_s"] / r["oracle_s"] for r in runs])
     ratio["prefill WAPE"] = spread([(r["forecast"] or {}).get("prefill_wape", float("nan")) for r in runs])
     ratio["decode WAPE"] = spread([(r["forecast"] or {}).get("decode_wape", float("nan")) for r in runs])
@@ -199,6 +211,7 @@ def line(cell: dict) -> str:
             f"({best})  /oracle {fmt(s['guided/oracle'])}  "
             f"best-static/colocated {fmt(s['best-static/colocated'])}  "
             f"perfect-forecast/colocated {fmt(s['perfect/colocated'])}  "
+            f"cold/colocated {fmt(s['cold/colocated']) if 'cold/colocated' in s else 'n/a'}  "
             f"tuned-colocated/colocated {fmt(spread([r['colocated_s'] / r['colocated_tuned_s'] for r in runs]))}  "
             f"moves {s['guided moves']['median']:.0f}  WAPE prefill {fmt(s['prefill WAPE'], True)} "
             f"decode {fmt(s['decode WAPE'], True)}")
@@ -241,6 +254,7 @@ def report(cells: list[dict], seeds: list[int], wall: float, say) -> None:
         say(f"{regime:24s} cells {len(cs):3d}  guided/colocated {col('guided/colocated')}  "
             f"guided/best-static {col('guided/best-static')}, >= 0.98x in {sum(x >= 0.98 for x in vs_best)}/{len(cs)}  "
             f"guided/oracle {col('guided/oracle')}  best-static/colocated {col('best-static/colocated')}  "
+            f"cold/colocated {col('cold/colocated') if all('cold/colocated' in c['summary'] for c in cs) else 'n/a'}  "
             f"oracle/colocated {col('oracle/colocated')}")
     xs = [c["summary"]["guided/colocated"]["median"] for c in cells]
     say(f"all {len(cells)} cells: guided/colocated {min(xs):.2f}-{max(xs):.2f}x (geomean {geomean(xs):.2f}x); "
