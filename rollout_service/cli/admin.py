@@ -1,6 +1,6 @@
 """`rollout` commands that talk to a running gateway through the public SDK
 (`trainer_client.RolloutClient`): `submit`, `status`, `cancel`, `engines`, `weights`,
-`keys`, `workers`. The gateway URL comes from `--url` or `$ROLLOUT_URL`.
+`keys`, `workers`, `export`. The gateway URL comes from `--url` or `$ROLLOUT_URL`.
 """
 
 from __future__ import annotations
@@ -187,3 +187,17 @@ def cmd_workers(args) -> None:
         for w in c.workers():
             table.add_row(w.id, w.url, ", ".join(w.envs))
         console.print(table)
+
+
+def cmd_export(args) -> None:
+    from rollout_service.recording import write
+
+    out = Path(args.output or f"{args.batch}.jsonl")
+    with _client(args) as c:
+        status, request = c.status(args.batch), c.request(args.batch)  # an unknown batch: 404, before any file
+        tmp = out.with_name(out.name + ".part")
+        with tmp.open("w") as f:
+            n = write(f, status, request, c.trajectories(args.batch))
+        tmp.replace(out)  # a failed export leaves no half-written recording under the name asked for
+    note = "" if status.state.terminal else f" (batch still {status.state.value}: unfinished trajectories as they are)"
+    console.print(f"wrote {out}: batch {args.batch}, {n} trajectories{note}")
