@@ -4,9 +4,9 @@
         write(f, status, request, trajectories)          # what `rollout export` does
     header, records = read(Path("b.jsonl"))               # what `rollout replay` does
 
-`record` splits a trajectory's transcript back into environment calls: the messages before
-the first assistant message are what `reset` returned; each assistant message is one turn's
-action, and the messages after it, up to the next one, what `step` returned. The seeds are
+`record` splits a trajectory's transcript back into environment calls: its last N assistant
+messages (N turns) are the turns' actions, the messages before the first of them what `reset`
+returned, and the messages after each, up to the next, what `step` returned. The seeds are
 recomputed by the functions the rollout loop itself uses (`rollout.env_seed`, `turn_seed`).
 
 Non-goal: the trainer's view (`Trajectory.samples()` is already in each record).
@@ -33,7 +33,9 @@ class RecordingError(Exception):
 
 def record(traj: Trajectory, request: RolloutRequest) -> RecordedTrajectory:
     base = request.sampling.seed
-    starts = [i for i, m in enumerate(traj.messages) if m.role == "assistant"]
+    # The last len(turns) assistant messages are the turns' actions (an opening may hold
+    # few-shot assistant messages; an observation never does).
+    starts = [i for i, m in enumerate(traj.messages) if m.role == "assistant"][-len(traj.turns):] if traj.turns else []
     rec = RecordedTrajectory(env_seed=env_seed(traj.sample_index), opening=traj.messages[: starts[0] if starts else
                              len(traj.messages)], steps=[], trajectory=traj)
     if len(starts) != len(traj.turns):
