@@ -4,7 +4,7 @@
     rollout submit examples/math.jsonl --group-size 4 --wait
     rollout status [BATCH] | cancel BATCH | engines [add ID URL | rm ID] | workers
     rollout export BATCH -o b.jsonl             # a self-contained recording of the batch
-    rollout replay b.jsonl [--score MOD:FUNC]   # re-run its environments (or re-score it)
+    rollout replay b.jsonl [--score MOD:FUNC | --engine-url URL]   # re-run its envs (re-score, re-sample)
 
 and the single-process entry points a deployment runs: `gateway`, `worker`, `env-worker`,
 `sim-engine`. Every option has `--help`; the gateway URL comes from `--url` or
@@ -180,7 +180,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the judge env's OpenAI-compatible URL (default $ROLLOUT_JUDGE_URL)")
     sp.add_argument("--judge-model", default=os.environ.get("ROLLOUT_JUDGE_MODEL", "default"),
                     help="model name sent to --judge-url")
-    sp.add_argument("--json", help="also write the per-trajectory results here")
+    sp.add_argument("--engine-url", metavar="URL",
+                    help="model-side replay instead: re-sample every recorded turn (its context and seed) on this "
+                         "vLLM server and report the divergence rate")
+    sp.add_argument("--model", default="default", help="--engine-url's served model name (default 'default')")
+    sp.add_argument("--concurrency", type=int, default=8, help="--engine-url: requests in flight (default 8)")
+    sp.add_argument("--json", help="also write the per-trajectory (per-turn with --engine-url) results here")
     sp.set_defaults(fn=cmd_replay)
 
     sp = client_cmd("keys", "create an API key for a tenant (needs an admin key)", cmd_keys)

@@ -1,5 +1,6 @@
-"""`rollout replay FILE`: re-run a recording's environments (or re-score it), here, with no
-gateway, Redis or engine. Exit status 1 when any trajectory's replay differs."""
+"""`rollout replay FILE`: re-run a recording's environments (no gateway, Redis or engine), or
+re-score it (`--score`), or re-sample its turns on an engine (`--engine-url`). Exit status 1
+when any trajectory's environment replay differs."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ def cmd_replay(args) -> None:
     console.print(f"recording of batch [bold]{header.batch.id}[/] ({header.request.env}, {len(records)} trajectories)")
     if args.score:
         _rescore(args, records)
+    elif args.engine_url:
+        _resample(args, header, records)
     else:
         _replay(args, records)
 
@@ -82,3 +85,35 @@ def _rescore(args, records) -> None:
         Path(args.json).write_text(json.dumps(
             [{"trajectory_id": r.trajectory_id, "group_index": r.group_index, "recorded": r.recorded,
               "new": r.new} for r in rows], indent=1))
+
+
+def _resample(args, header, records) -> None:
+    import asyncio
+
+    from rollout_service.engines.vllm import VLLMEngine
+    from rollout_service.resample import resample
+
+    async def run():
+        engine = VLLMEngine("replay", args.engine_url, args.model)
+        try:
+            return await resample(records, header.request, engine, concurrency=args.concurrency)
+        finally:
+            await engine.aclose()
+
+    verdicts = asyncio.run(run())
+    table = Table("trajectory", "turn", "first differing token", "sampled ids (recorded / now)")
+    for v in verdicts:
+        if v.diverged:
+            table.add_row(v.trajectory_id, str(v.turn), str(v.first_token), f"{v.recorded} / {v.replayed}")
+    diverged = sum(v.diverged for v in verdicts)
+    if diverged:
+        console.print(table)
+    lp = max((v.max_logprob_diff for v in verdicts), default=0.0)
+    console.print(f"{len(verdicts)} turns re-sampled on {args.engine_url}: {len(verdicts) - diverged} reproduced, "
+                  f"{diverged} diverged (divergence rate {diverged / max(len(verdicts), 1):.3f}); largest logprob "
+                  f"difference over identical ids {lp:.2e}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(
+            [{"trajectory_id": v.trajectory_id, "turn": v.turn, "diverged": v.diverged, "first_token": v.first_token,
+              "recorded": v.recorded, "replayed": v.replayed, "max_logprob_diff": v.max_logprob_diff}
+             for v in verdicts], indent=1))
