@@ -164,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = client_cmd("export", "write a batch's self-contained recording (JSONL: header, then one line per "
                               "trajectory)", cmd_export)
-    sp.add_argument("batch", help="the batch id")
+    sp.add_argument("batch", help="the batch id, or 'latest' (the newest batch)")
     sp.add_argument("-o", "--output", help="file to write (default: BATCH.jsonl)")
 
     sp = sub.add_parser("replay", help="re-run a recording's environments with the recorded model outputs",

@@ -192,12 +192,18 @@ def cmd_workers(args) -> None:
 def cmd_export(args) -> None:
     from rollout_service.recording import write
 
-    out = Path(args.output or f"{args.batch}.jsonl")
     with _client(args) as c:
-        status, request = c.status(args.batch), c.request(args.batch)  # an unknown batch: 404, before any file
+        bid = args.batch
+        if bid == "latest":
+            newest = c.batches(1)
+            if not newest:
+                raise SystemExit("error: no batches yet")
+            bid = newest[0].id
+        out = Path(args.output or f"{bid}.jsonl")
+        status, request = c.status(bid), c.request(bid)  # an unknown batch: 404, before any file
         tmp = out.with_name(out.name + ".part")
         with tmp.open("w") as f:
-            n = write(f, status, request, c.trajectories(args.batch))
+            n = write(f, status, request, c.trajectories(bid))
         tmp.replace(out)  # a failed export leaves no half-written recording under the name asked for
     note = "" if status.state.terminal else f" (batch still {status.state.value}: unfinished trajectories as they are)"
-    console.print(f"wrote {out}: batch {args.batch}, {n} trajectories{note}")
+    console.print(f"wrote {out}: batch {bid}, {n} trajectories{note}")

@@ -80,7 +80,7 @@ def _rescore(args, records) -> None:
         new = statistics.fmean(r.new for r in rows)
         changed = sum((r.recorded or 0.0) != r.new for r in rows)
         console.print(f"{len(rows)} usable trajectories: mean reward {old:.4g} recorded, {new:.4g} with "
-                      f"{args.score}; {changed} changed; {sign_flips(rows)} GRPO advantage signs flipped")
+                      f"{args.score}; {changed} changed; {sign_flips(rows)} GRPO advantage signs changed")
     if args.json:
         Path(args.json).write_text(json.dumps(
             [{"trajectory_id": r.trajectory_id, "group_index": r.group_index, "recorded": r.recorded,

@@ -63,6 +63,14 @@ def test_export_records_everything_a_replay_needs(exported, gateway):
     assert any(len(r.steps) > 1 and r.steps[0].observation for r in records)
 
 
+def test_export_latest_is_the_newest_batch(exported, gateway, tmp_path):
+    bid, out = exported
+    again = tmp_path / "latest.jsonl"
+    main(["export", "latest", "-o", str(again), "--url", gateway.url])
+    (h1, r1), (h2, r2) = read(out), read(again)
+    assert h2.batch.id == bid and [r.trajectory for r in r2] == [r.trajectory for r in r1]
+
+
 def test_export_of_an_unknown_batch_fails_clearly(gateway, tmp_path, capsys):
     out = tmp_path / "nope.jsonl"
     with pytest.raises(SystemExit) as e:

@@ -173,7 +173,7 @@ def test_cli_rescores_with_another_reward_function(exported, tmp_path, monkeypat
     _, records = read(out)
     want = {r.trajectory.id: (r.trajectory.reward, 1.0 / len(r.trajectory.turns)) for r in records}
     assert len(rows) == 6 and {r["trajectory_id"]: (r["recorded"], r["new"]) for r in rows} == want
-    assert "GRPO advantage signs flipped" in capsys.readouterr().out
+    assert "GRPO advantage signs changed" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="cannot load 'lenient:nope'"):
         main(["replay", str(out), "--score", "lenient:nope"])
 
