@@ -67,7 +67,7 @@ def test_export_latest_is_the_newest_batch(exported, gateway, tmp_path):
     bid, out = exported
     again = tmp_path / "latest.jsonl"
     main(["export", "latest", "-o", str(again), "--url", gateway.url])
-    (h1, r1), (h2, r2) = read(out), read(again)
+    (_, r1), (h2, r2) = read(out), read(again)
     assert h2.batch.id == bid and [r.trajectory for r in r2] == [r.trajectory for r in r1]
 
 

@@ -14,7 +14,7 @@ from env_workers.resources import Pools
 from rollout_service.cli import main
 from rollout_service.recording import read, record, write
 from rollout_service.replay import REPLAY_POOL, replay
-from tests.rollout_service.test_recording import exported, run_batch  # noqa: F401 - the fixture
+from tests.rollout_service.test_recording import exported  # noqa: F401 - the fixture
 from wire import Message, RolloutRequest, Trajectory, TrajectoryState, Turn
 
 CODE_TASK = {"prompt": "Write `def add(a: int, b: int) -> int`.", "entry_point": "add",

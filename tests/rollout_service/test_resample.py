@@ -6,7 +6,7 @@ from rollout_service.engines.base import GenerateResult
 from rollout_service.engines.sim import SimEngine
 from rollout_service.recording import read
 from rollout_service.resample import eos_of, resample
-from tests.rollout_service.test_recording import exported, run_batch  # noqa: F401 - the fixture
+from tests.rollout_service.test_recording import exported  # noqa: F401 - the fixture
 
 
 class Recorder:
