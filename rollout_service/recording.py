@@ -46,7 +46,7 @@ def record(traj: Trajectory, request: RolloutRequest) -> RecordedTrajectory:
     for turn, start, end in zip(traj.turns, starts, ends):
         observation = traj.messages[start + 1: end]
         last = turn.index == len(traj.turns) - 1
-        failed_here = last and traj.state is TrajectoryState.failed and not observation
+        failed_here = last and not traj.state.usable and not observation  # failed or cancelled inside the step
         done = last and (traj.state is TrajectoryState.completed
                          or (traj.state is TrajectoryState.truncated and traj.info.get("truncated_by") == "env"))
         rec.steps.append(RecordedStep(

@@ -31,7 +31,7 @@ from pathlib import Path
 from env_workers import registry
 from env_workers.env import EnvError, EnvUnavailable
 from env_workers.resources import Pools, PoolSize
-from wire import Message, Trajectory
+from wire import FailureKind, Message, Trajectory
 from wire.recording import RecordedTrajectory
 
 # Replays run one episode at a time: a few sandboxes, none kept warm; a tool call waits at
@@ -92,8 +92,12 @@ def replay(rec: RecordedTrajectory, pools: Pools) -> Verdict:
                     return v
                 return differ(st.turn, f"step raised {e!r}; the recording went on")
             if st.observation is None:
-                return differ(st.turn, "step returned; the recording failed here: "
-                                       + (traj.failure.message[:200] if traj.failure else "?"))
+                why = traj.failure
+                if why is not None and why.kind is FailureKind.rejected:  # the env refused the action: so must it now
+                    return differ(st.turn, f"step returned; the recording was rejected here: {why.message[:200]}")
+                # Cancelled, a deadline, an infrastructure failure: the recording ends inside this step.
+                v.detail = f"matches up to turn {st.turn}, where the recording ended ({why.kind.value if why else 'cancelled'})"
+                return v
             if r.observation != st.observation:
                 return differ(st.turn, "observation: " + _first_difference(r.observation, st.observation))
             if r.reward != st.reward:

@@ -15,7 +15,7 @@ from rollout_service.cli import main
 from rollout_service.recording import read, record, write
 from rollout_service.replay import REPLAY_POOL, replay
 from tests.rollout_service.test_recording import exported  # noqa: F401 - the fixture
-from wire import Message, RolloutRequest, Trajectory, TrajectoryState, Turn
+from wire import Failure, FailureKind, Message, RolloutRequest, Trajectory, TrajectoryState, Turn
 
 CODE_TASK = {"prompt": "Write `def add(a: int, b: int) -> int`.", "entry_point": "add",
              "tests": [{"args": [1, 2], "expected": 3}, {"args": [0, 0], "expected": 0}]}
@@ -129,12 +129,24 @@ def test_judge_claim_another_judge_scores_differently(pools, monkeypatch):
     assert (v.outcome, v.turn) == ("mismatch", 0) and "replayed 0.3, recorded 0.7" in v.detail
 
 
-def test_a_step_that_failed_in_the_recording_must_fail_again(pools):
+def test_a_step_the_env_rejected_in_the_recording_must_be_rejected_again(pools):
     rec = recorded("math", {"seed": 1}, ["answer: 1"], pools)
     rec.trajectory.state = TrajectoryState.failed
+    rec.trajectory.failure = Failure(kind=FailureKind.rejected, message="bad action")
     rec.steps[0].observation = None  # as recorded when the step raised
     v = replay(rec, pools)
-    assert (v.outcome, v.turn) == ("mismatch", 0) and "the recording failed here" in v.detail
+    assert (v.outcome, v.turn) == ("mismatch", 0) and "rejected here" in v.detail
+
+
+def test_a_recording_that_ends_inside_a_step_matches_up_to_there(pools):
+    rec = recorded("calc", {"seed": 3}, ["calc: 1 + 1", "answer: 2"], pools)
+    rec.trajectory.state = TrajectoryState.failed
+    rec.trajectory.failure = Failure(kind=FailureKind.timeout, message="deadline")
+    rec.steps[1].observation = None  # the deadline ran out inside the step
+    v = replay(rec, pools)
+    assert v.outcome == "match" and "ended (timeout)" in v.detail
+    rec.steps[0].reward = 9.0
+    assert replay(rec, pools).turn == 0
 
 
 def test_cli_replays_a_service_recording(exported, tmp_path, capsys):  # noqa: F811
