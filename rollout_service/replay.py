@@ -96,7 +96,8 @@ def replay(rec: RecordedTrajectory, pools: Pools) -> Verdict:
                 if why is not None and why.kind is FailureKind.rejected:  # the env refused the action: so must it now
                     return differ(st.turn, f"step returned; the recording was rejected here: {why.message[:200]}")
                 # Cancelled, a deadline, an infrastructure failure: the recording ends inside this step.
-                v.detail = f"matches up to turn {st.turn}, where the recording ended ({why.kind.value if why else 'cancelled'})"
+                kind = why.kind.value if why else "cancelled"
+                v.detail = f"matches up to turn {st.turn}, where the recording ended ({kind})"
                 return v
             if r.observation != st.observation:
                 return differ(st.turn, "observation: " + _first_difference(r.observation, st.observation))
