@@ -96,7 +96,7 @@ class Store:
         pipe = self.r.pipeline(transaction=False)
         for tid in ids:
             pipe.hmget(self.k.traj(tid), "group", "task")
-        tasks = {int(group): json.loads(task) for group, task in await pipe.execute()}
+        tasks = {int(group): json.loads(task) for group, task in await pipe.execute() if group is not None}
         return RolloutRequest.model_validate({**json.loads(params), "tasks": [tasks[g] for g in sorted(tasks)]})
 
     async def groups(self, bid: str) -> list[GroupStatus]:
