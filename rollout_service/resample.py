@@ -21,6 +21,7 @@ import asyncio
 from dataclasses import dataclass
 
 from rollout_service.engines.base import Engine, GenerateRequest
+from rollout_service.rollout import turn_seed
 from wire import RolloutRequest
 from wire.recording import RecordedTrajectory
 
@@ -46,17 +47,16 @@ def eos_of(records: list[RecordedTrajectory]) -> int | None:
 
 
 def _requests(rec: RecordedTrajectory, request: RolloutRequest, eos: int | None) -> list[tuple[int, GenerateRequest]]:
-    out, context, segment = [], [], 0
-    steps = {s.turn: s for s in rec.steps}
-    for turn in rec.trajectory.turns:
+    out, context, segment, t = [], [], 0, rec.trajectory
+    for turn in t.turns:
         if turn.segment != segment:
             segment, context = turn.segment, []
         room = request.max_total_tokens - len(context) - len(turn.prompt_ids)
-        seed = steps[turn.index].sampling_seed if turn.index in steps else None
+        seed = turn_seed(request.sampling.seed, t.group_index, t.sample_index, turn.index)
         sampling = request.sampling.model_copy(update={"max_tokens": max(min(request.sampling.max_tokens, room), 1),
                                                        "seed": seed})
         out.append((turn.index, GenerateRequest(context + turn.prompt_ids, sampling,
-                                                f"resample-{rec.trajectory.id}-{turn.index}",
+                                                f"resample-{t.id}-{turn.index}",
                                                 [eos] if eos is not None else [])))
         context = context + turn.prompt_ids + turn.output_ids
     return out
