@@ -30,6 +30,7 @@ writes the JSON, a text table and a plot (`--table`, `--plot`).
     python benchmarks/pd_allocation.py                  # 3 seeds, the grid of docs/results/pd_allocation.txt
     python benchmarks/pd_allocation.py --models llama3-8b-tp1 --gpus 8 --modes sync --workloads swe --seeds 0
     python benchmarks/pd_allocation.py --render a.json,b.json --table t.txt --plot p.png   # runs done in parts
+    python benchmarks/pd_allocation.py --trace batch.jsonl --trace-length-scale 20 --quick   # a recorded batch
 """
 
 from __future__ import annotations
@@ -154,7 +155,17 @@ def main() -> None:
     ap.add_argument("--plot", default="", help="write a plot of speedup by regime here (matplotlib)")
     ap.add_argument("--render", default="", help="comma list of JSON files this script wrote: print their "
                     "cells and summary together (and --table, --plot, --out) without running anything")
+    ap.add_argument("--trace", default="", help="a recording (`rollout export`) as the one workload, instead of the "
+                    "synthetic ones (benchmarks/sim/trace.py)")
+    ap.add_argument("--trace-time-scale", type=float, default=1.0, help="--trace: multiply recorded tool times")
+    ap.add_argument("--trace-length-scale", type=float, default=1.0, help="--trace: multiply recorded token counts")
     args = ap.parse_args()
+    if args.trace:
+        from benchmarks.sim.trace import trace_workload
+
+        WORKLOADS["trace"] = trace_workload(Path(args.trace), time_scale=args.trace_time_scale,
+                                            length_scale=args.trace_length_scale)
+        args.workloads = "trace"
     if args.render:
         render(args)
         return

@@ -4,7 +4,8 @@
     env = make("calc")
     env = make("swe", resources=pools.claims(session_id))   # an env that uses sandboxes
 
-An `EnvSpec` lists the resource specs its environment may acquire (`resources`): the env
+An `EnvSpec` says whether a recorded episode replays exactly (`nondeterminism`: None, or why
+not) and lists the resource specs its environment may acquire (`resources`): the env
 worker pre-warms those pools, and hands such an environment a per-episode `Claims`.
 """
 
@@ -24,6 +25,9 @@ class EnvSpec:
     description: str
     example_tasks: list[dict[str, Any]] = field(default_factory=list)
     resources: tuple[Any, ...] = ()  # ResourceSpecs it may acquire; then factory(resources=Claims)
+    # Why replaying a recorded episode (same task, seed and actions) may not reproduce its
+    # observations and rewards; None: it does (`rollout_service.replay`, checked by its tests).
+    nondeterminism: str | None = None
 
 
 _REGISTRY: dict[str, EnvSpec] = {}

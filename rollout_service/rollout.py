@@ -30,12 +30,18 @@ from scheduler.store import Work
 from wire import Failure, FailureKind, Message, Trajectory, TrajectoryState
 
 
-def _turn_seed(base: int | None, work: Work, turn: int) -> int | None:
-    """Distinct, reproducible seeds for each member of a group and each turn."""
+def turn_seed(base: int | None, group_index: int, sample_index: int, turn: int) -> int | None:
+    """Distinct, reproducible sampling seeds for each member of a group and each turn."""
     if base is None:
         return None
-    h = hashlib.sha256(f"{base}:{work.group_index}:{work.sample_index}:{turn}".encode()).digest()
+    h = hashlib.sha256(f"{base}:{group_index}:{sample_index}:{turn}".encode()).digest()
     return int.from_bytes(h[:4], "little")
+
+
+def env_seed(sample_index: int) -> int:
+    """The seed an episode's environment is reset with: its place in the group, so a replay
+    (`rollout_service.replay`) resets it the same way."""
+    return sample_index
 
 
 async def run_episode(work: Work, fleet: Fleet, envs: EnvBackend, attempt: int = 1,
@@ -83,7 +89,7 @@ async def run_episode(work: Work, fleet: Fleet, envs: EnvBackend, attempt: int =
 async def _loop(traj: Trajectory, work: Work, fleet: Fleet, envs: EnvBackend, attempt: str,
                 lc: Lifecycle) -> None:
     p = work.params
-    handle, opening = await envs.open(p.env, work.task, seed=work.sample_index, trajectory_id=traj.id)
+    handle, opening = await envs.open(p.env, work.task, seed=env_seed(work.sample_index), trajectory_id=traj.id)
     try:
         tok_spec, tok = await fleet.tokenizer_for(traj.id)
         chat = chat_tokens(tok)
@@ -99,7 +105,8 @@ async def _loop(traj: Trajectory, work: Work, fleet: Fleet, envs: EnvBackend, at
                 traj.info["truncated_by"] = "max_total_tokens"
                 return
             sampling = p.sampling.model_copy(update={"max_tokens": min(p.sampling.max_tokens, room),
-                                                     "seed": _turn_seed(p.sampling.seed, work, index)})
+                                                     "seed": turn_seed(p.sampling.seed, work.group_index,
+                                                                        work.sample_index, index)})
             req = GenerateRequest(context + delta, sampling, f"{traj.id}-{attempt}-{index}", [tok.eos_id])
             t_send = time.monotonic()
             lc.on_prefill(traj.id, len(delta))

@@ -87,6 +87,18 @@ class Store:
             items = [t for t in items if t.state == state]
         return items, (cursor + len(ids) if len(ids) == limit else None)
 
+    async def request(self, bid: str) -> RolloutRequest | None:
+        """The batch as submitted: its parameters and its tasks (one per group, in order)."""
+        params = await self.r.hget(self.k.batch(bid), "params")
+        if params is None:
+            return None
+        ids = [_s(t) for t in await self.r.lrange(self.k.batch_trajs(bid), 0, -1)]
+        pipe = self.r.pipeline(transaction=False)
+        for tid in ids:
+            pipe.hmget(self.k.traj(tid), "group", "task")
+        tasks = {int(group): json.loads(task) for group, task in await pipe.execute() if group is not None}
+        return RolloutRequest.model_validate({**json.loads(params), "tasks": [tasks[g] for g in sorted(tasks)]})
+
     async def groups(self, bid: str) -> list[GroupStatus]:
         """Per-group counts, read from the trajectories' small fields (not their results)."""
         ids = [_s(t) for t in await self.r.lrange(self.k.batch_trajs(bid), 0, -1)]

@@ -169,6 +169,10 @@ class RolloutClient(_Base):
     def cancel(self, batch_id: str) -> BatchStatus:
         return BatchStatus.model_validate(self._req("DELETE", f"/v1/batches/{batch_id}"))
 
+    def request(self, batch_id: str) -> RolloutRequest:
+        """The batch as submitted: its parameters and its tasks (one per group, in order)."""
+        return RolloutRequest.model_validate(self._req("GET", f"/v1/batches/{batch_id}/request"))
+
     def trajectory(self, trajectory_id: str) -> Trajectory:
         return Trajectory.model_validate(self._req("GET", f"/v1/trajectories/{trajectory_id}"))
 
@@ -310,6 +314,9 @@ class AsyncRolloutClient(_Base):
 
     async def cancel(self, batch_id: str) -> BatchStatus:
         return BatchStatus.model_validate(await self._req("DELETE", f"/v1/batches/{batch_id}"))
+
+    async def request(self, batch_id: str) -> RolloutRequest:
+        return RolloutRequest.model_validate(await self._req("GET", f"/v1/batches/{batch_id}/request"))
 
     async def trajectory(self, trajectory_id: str) -> Trajectory:
         return Trajectory.model_validate(await self._req("GET", f"/v1/trajectories/{trajectory_id}"))

@@ -6,6 +6,7 @@ the standard library, never our other packages (tests/test_imports.py holds that
     wire.envs       the env-worker wire (EnvOpen, EnvStepped, WorkerInfo)
     wire.sessions   the gateway's OpenAI-compatible session proxy
     wire.auth       API keys
+    wire.recording  a batch's recording (`rollout export` / `rollout replay`)
     wire.errors     the one error shape, and the exceptions that render as it
     wire.base       what the families share (model bases, bounds, Message)
 
@@ -44,6 +45,7 @@ from wire.batches import (
 from wire.engines import EngineInfo, EngineRoleUpdate, EngineUpdateResult, WeightUpdate, WeightUpdateResult
 from wire.envs import EnvAction, EnvOpen, EnvOpened, EnvStepped, WorkerInfo
 from wire.errors import ApiError, Conflict, ErrorBody, ErrorResponse, NotFound, Overloaded, error_body
+from wire.recording import RecordedStep, RecordedTrajectory, RecordingHeader
 from wire.sessions import ChatCompletionRequest, ChatMessageIn, SessionCreate, SessionCreated, SessionFinish
 
 __all__ = [
@@ -51,7 +53,7 @@ __all__ = [
     "ApiError", "ApiKeyCreate", "ApiKeyCreated", "BatchCreated", "BatchState", "BatchStatus", "ChatCompletionRequest",
     "ChatMessageIn", "Conflict", "EngineInfo", "EngineRoleUpdate", "EngineUpdateResult", "EnvAction", "EnvOpen",
     "EnvOpened", "EnvStepped", "ErrorBody", "ErrorResponse", "Failure", "FailureKind", "GroupStatus", "Input", "Int",
-    "Message", "NotFound", "Overloaded", "RolloutRequest", "Sample", "SamplingParams", "Seed", "SessionCreate",
+    "Message", "NotFound", "Overloaded", "RecordedStep", "RecordedTrajectory", "RecordingHeader", "RolloutRequest", "Sample", "SamplingParams", "Seed", "SessionCreate",
     "SessionCreated", "SessionFinish", "StateRules", "Trajectory", "TrajectoryEvent", "TrajectoryPage",
     "TrajectoryState", "Turn", "TurnTimings", "Version", "WeightUpdate", "WeightUpdateResult", "Wire", "WorkerInfo",
     "error_body",

@@ -185,4 +185,7 @@ class CodeEnv:
 register(EnvSpec("code", CodeEnv, "write a Python function; reward = fraction of unit tests passed (in a sandbox)",
                  example_tasks=[{"seed": 0}, {"prompt": "Write `def add(a: int, b: int) -> int`.", "entry_point": "add",
                                               "tests": [{"args": [1, 2], "expected": 3}, {"args": [0, 0], "expected": 0}]}],
-                 resources=(SPEC,)))
+                 resources=(SPEC,),
+                 nondeterminism="the model's code runs for real in the sandbox: code that reads the clock or "
+                                "randomness, or runs near its time limits (1 s a case, 4 s in all), can pass on one run "
+                                "and fail on another; other code replays exactly"))

@@ -151,4 +151,7 @@ class JudgeEnv:
 
 
 register(EnvSpec("judge", JudgeEnv, "open-ended answers scored 0-10 by an LLM judge (an OpenAI-compatible URL)",
-                 example_tasks=[{"seed": 0}, {"prompt": "Name a prime number.", "rubric": "Any prime is correct."}]))
+                 example_tasks=[{"seed": 0}, {"prompt": "Name a prime number.", "rubric": "Any prime is correct."}],
+                 nondeterminism="the reward is another model's answer: it replays only against the same judge "
+                                "model and server (temperature 0 on a deterministic engine); a changed or sampling "
+                                "judge scores differently"))

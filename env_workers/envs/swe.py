@@ -181,4 +181,8 @@ class SweEnv:
 
 
 register(EnvSpec("swe", SweEnv, "fix a bug in a small generated repository with bash and an editor; reward = tests pass",
-                 example_tasks=[{"seed": 0}, {"seed": 7}], resources=(SPEC,)))
+                 example_tasks=[{"seed": 0}, {"seed": 7}], resources=(SPEC,),
+                 nondeterminism="the model's shell commands run for real in the sandbox: output that shows the "
+                                "clock, process ids, random numbers or timing (date, ls -l, $RANDOM, a command "
+                                "near its time limit, unittest's 'Ran N tests in 0.002s' line, which the report of "
+                                "failing tests at submit shows too) differs on replay; everything else replays exactly"))

@@ -3,6 +3,8 @@
     rollout up                                  # everything, on this machine
     rollout submit examples/math.jsonl --group-size 4 --wait
     rollout status [BATCH] | cancel BATCH | engines [add ID URL | rm ID] | workers
+    rollout export BATCH -o b.jsonl             # a self-contained recording of the batch
+    rollout replay b.jsonl [--score MOD:FUNC | --engine-url URL]   # re-run its envs (re-score, re-sample)
 
 and the single-process entry points a deployment runs: `gateway`, `worker`, `env-worker`,
 `sim-engine`. Every option has `--help`; the gateway URL comes from `--url` or
@@ -10,6 +12,7 @@ and the single-process entry points a deployment runs: `gateway`, `worker`, `env
 
     processes.py    the process entry points (each reads its Settings once)
     admin.py        the commands that talk to a gateway, through the public SDK
+    replay.py       `replay`: a recording, re-run here (no gateway)
     __init__.py     the parser and `main`
 """
 
@@ -23,6 +26,7 @@ from rollout_service.cli._console import console
 from rollout_service.cli.admin import (
     cmd_cancel,
     cmd_engines,
+    cmd_export,
     cmd_keys,
     cmd_status,
     cmd_submit,
@@ -38,6 +42,7 @@ from rollout_service.cli.processes import (
     cmd_up,
     cmd_worker,
 )
+from rollout_service.cli.replay import cmd_replay
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -156,6 +161,32 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--kind", default="vllm", help="engine kind: which client speaks to it (add; default vllm)")
 
     client_cmd("workers", "list live env workers", cmd_workers)
+
+    sp = client_cmd("export", "write a batch's self-contained recording (JSONL: header, then one line per "
+                              "trajectory)", cmd_export)
+    sp.add_argument("batch", help="the batch id, or 'latest' (the newest batch)")
+    sp.add_argument("-o", "--output", help="file to write (default: BATCH.jsonl)")
+
+    sp = sub.add_parser("replay", help="re-run a recording's environments with the recorded model outputs",
+                        description="Re-run each recorded episode's environment (in its sandbox) with the recorded "
+                                    "actions, no engine, and report per trajectory whether observations and rewards "
+                                    "match, naming the first turn that differs (exit status 1 if any does). "
+                                    "With --score: re-score the recorded trajectories instead.")
+    sp.add_argument("file", help="a recording written by `rollout export`")
+    sp.add_argument("--score", metavar="MODULE:FUNC",
+                    help="a reward function Trajectory -> float (the current folder is importable): re-score "
+                         "instead of replaying")
+    sp.add_argument("--judge-url", default=os.environ.get("ROLLOUT_JUDGE_URL"),
+                    help="the judge env's OpenAI-compatible URL (default $ROLLOUT_JUDGE_URL)")
+    sp.add_argument("--judge-model", default=os.environ.get("ROLLOUT_JUDGE_MODEL", "default"),
+                    help="model name sent to --judge-url")
+    sp.add_argument("--engine-url", metavar="URL",
+                    help="model-side replay instead: re-sample every recorded turn (its context and seed) on this "
+                         "vLLM server and report the divergence rate")
+    sp.add_argument("--model", default="default", help="--engine-url's served model name (default 'default')")
+    sp.add_argument("--concurrency", type=int, default=8, help="--engine-url: requests in flight (default 8)")
+    sp.add_argument("--json", help="also write the per-trajectory (per-turn with --engine-url) results here")
+    sp.set_defaults(fn=cmd_replay)
 
     sp = client_cmd("keys", "create an API key for a tenant (needs an admin key)", cmd_keys)
     sp.add_argument("tenant", help="tenant name: its batches are visible only to its keys")

@@ -1,6 +1,6 @@
 """`rollout` commands that talk to a running gateway through the public SDK
 (`trainer_client.RolloutClient`): `submit`, `status`, `cancel`, `engines`, `weights`,
-`keys`, `workers`. The gateway URL comes from `--url` or `$ROLLOUT_URL`.
+`keys`, `workers`, `export`. The gateway URL comes from `--url` or `$ROLLOUT_URL`.
 """
 
 from __future__ import annotations
@@ -187,3 +187,23 @@ def cmd_workers(args) -> None:
         for w in c.workers():
             table.add_row(w.id, w.url, ", ".join(w.envs))
         console.print(table)
+
+
+def cmd_export(args) -> None:
+    from rollout_service.recording import write
+
+    with _client(args) as c:
+        bid = args.batch
+        if bid == "latest":
+            newest = c.batches(1)
+            if not newest:
+                raise SystemExit("error: no batches yet")
+            bid = newest[0].id
+        out = Path(args.output or f"{bid}.jsonl")
+        status, request = c.status(bid), c.request(bid)  # an unknown batch: 404, before any file
+        tmp = out.with_name(out.name + ".part")
+        with tmp.open("w") as f:
+            n = write(f, status, request, c.trajectories(bid))
+        tmp.replace(out)  # a failed export leaves no half-written recording under the name asked for
+    note = "" if status.state.terminal else f" (batch still {status.state.value}: unfinished trajectories as they are)"
+    console.print(f"wrote {out}: batch {bid}, {n} trajectories{note}")

@@ -71,6 +71,17 @@ async def status(request: Request, bid: str, who: Principal = Caller) -> BatchSt
     return await owned_batch(request, bid, who)
 
 
+@router.get("/batches/{bid}/request", response_model=RolloutRequest)
+async def batch_request(request: Request, bid: str, who: Principal = Caller) -> RolloutRequest:
+    """The batch as submitted: its parameters and its tasks, one per group in group order
+    (what `rollout export` records, so that a recording is self-contained)."""
+    await owned_batch(request, bid, who)
+    got = await request.app.state.store.request(bid)
+    if got is None:
+        raise NotFound(f"no batch {bid!r}")
+    return got
+
+
 SAMPLES = ("Also return `training_samples`: per training sample, `token_ids`, `loss_mask` (1 where sampled) and "
            "`logprobs` (0.0 where the mask is 0), aligned, ready for the loss")
 

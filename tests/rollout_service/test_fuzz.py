@@ -83,6 +83,7 @@ LINKS: dict[tuple[str, str, str], list[tuple[str, str, dict[str, str]]]] = {
         (_BATCH, "get", {"bid": "$response.body#/id"}),
         (_BATCH + "/trajectories", "get", {"bid": "$response.body#/id"}),
         (_BATCH + "/groups", "get", {"bid": "$response.body#/id"}),
+        (_BATCH + "/request", "get", {"bid": "$response.body#/id"}),
         (_BATCH, "delete", {"bid": "$response.body#/id"}),
     ],
     (_BATCH + "/trajectories", "get", "200"): [
