@@ -54,10 +54,14 @@ class PDController:
             return []
         fresh = self.allocator is None or set(self.allocator.engines) != {e.id for e in infos}
         a = self._sync({e.id: e.role for e in infos}, now)
-        if fresh:  # a drain planned by an earlier allocator died with it: serve the published role again
+        if fresh:  # drains an earlier allocator started: finish them toward their published next role
             for e in infos:
-                if e.state == "draining":
+                if e.state != "draining":
+                    continue
+                if e.next_role in (None, e.role):  # no plan was published with it: serve the role it had
                     await self.registry.set_role(e.id, e.role)
+                else:
+                    a.engines[e.id].drain(Role(e.next_role), now)
         loads = await self.registry.engine_loads([e.id for e in infos])
         for eid in a.draining():
             if loads[eid][0] == 0:
@@ -67,7 +71,7 @@ class PDController:
         d = Demand.from_report(await self.registry.phases(), self.horizon_s)
         moves = a.allocate(d, {e: tokens / self.drain_tok_s for e, (tokens, _) in loads.items()}, now)
         for m in moves:
-            await self.registry.drain(m.engine)
+            await self.registry.drain(m.engine, m.new.value)
             log.info("engine draining for a new role", extra={"engine": m.engine, "from": m.old.value,
                                                               "to": m.new.value})
         return moves

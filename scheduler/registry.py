@@ -54,11 +54,11 @@ class Registry:
 
     async def set_role(self, engine_id: str, role: str) -> EngineInfo:
         """Serve `role` from now on (ready)."""
-        return await self._update(engine_id, role=role, state="ready")
+        return await self._update(engine_id, role=role, state="ready", next_role=None)
 
-    async def drain(self, engine_id: str) -> EngineInfo:
-        """No new work: the engine finishes what it holds before its next `set_role`."""
-        return await self._update(engine_id, state="draining")
+    async def drain(self, engine_id: str, next_role: str | None = None) -> EngineInfo:
+        """No new work: the engine finishes what it holds, then takes `next_role` (`set_role`)."""
+        return await self._update(engine_id, state="draining", next_role=next_role)
 
     async def engines(self) -> list[EngineInfo]:
         return sorted((EngineInfo.model_validate_json(v) for v in (await self.r.hgetall(self.k.engines)).values()),

@@ -34,6 +34,9 @@ class EngineInfo(Input):
     state: Literal["ready", "draining"] = Field(
         "ready", description="draining: finishing what it holds before the allocator gives it a new role; it gets "
                              "no new work meanwhile.")
+    next_role: Literal["prefill", "decode", "mixed"] | None = Field(
+        None, description="While draining: the role it takes once it holds nothing (kept here, not only in the "
+                          "allocator, so an allocator that restarts finishes the move).")
 
 
 class EngineRoleUpdate(Input):

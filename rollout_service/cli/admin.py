@@ -159,7 +159,8 @@ def cmd_engines(args) -> None:
             c.set_engine_role(args.id, args.engine_url)
         table = Table("id", "kind", "url", "model", "role", "state", "policy version", "tokenizer")
         for e in c.engines():
-            table.add_row(e["id"], e["kind"], e["url"], e["model"], e["role"], e["state"], str(e["policy_version"]),
+            state = f"{e['state']} -> {e['next_role']}" if e.get("next_role") else e["state"]
+            table.add_row(e["id"], e["kind"], e["url"], e["model"], e["role"], state, str(e["policy_version"]),
                           e["tokenizer"])
         console.print(table)
 

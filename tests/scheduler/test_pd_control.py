@@ -71,3 +71,22 @@ async def test_a_new_controller_releases_drains_an_earlier_one_left(redis, keys)
     await PDController(reg, additive(), AllocatorConfig(dwell_s=0), clock=lambda: 100.0).step()
     e1 = await reg.engine("e1")
     assert e1.state == "ready" and e1.role == "decode"
+
+
+async def test_a_new_controller_finishes_a_drain_toward_its_published_next_role(redis, keys):
+    """Killed while an engine drains: the next role is in the registry, so the next allocator
+    keeps the engine draining while it holds work and gives it that role once it is empty."""
+    reg = Registry(redis, keys)
+    for eid in IDS:
+        await reg.add_engine(EngineInfo(id=eid, url=f"http://127.0.0.1:9/{eid}", role="mixed"))
+    await reg.drain("e1", "prefill")
+    await reg.report("w0", {"e1": 500}, set())  # e1 still holds 500 tokens of work
+    cfg = AllocatorConfig(dwell_s=1e9)  # no new moves: only the inherited one
+    await PDController(reg, additive(), cfg, clock=lambda: 100.0).step()
+    e1 = await reg.engine("e1")
+    assert (e1.state, e1.role, e1.next_role) == ("draining", "mixed", "prefill")
+    await reg.report("w0", {"e1": 0}, set())
+    ctl = PDController(reg, additive(), cfg, clock=lambda: 101.0)  # and once more restarted
+    await ctl.step()
+    e1 = await reg.engine("e1")
+    assert (e1.state, e1.role, e1.next_role) == ("ready", "prefill", None)
