@@ -3,14 +3,17 @@
 
 from __future__ import annotations
 
+import json
 import time
+from collections.abc import AsyncIterator, Iterator
 
 from fastapi import APIRouter, Depends, Request
+from fastapi.responses import StreamingResponse
 
 from rollout_service.auth import Principal
 from rollout_service.engines.base import EngineError
 from rollout_service.routes.deps import principal
-from rollout_service.sessions import SessionClosed, SessionNotFound
+from rollout_service.sessions import Choice, Reply, SessionClosed, SessionNotFound
 from wire import (
     ChatCompletionRequest,
     ErrorResponse,
@@ -59,8 +62,10 @@ async def finish(request: Request, sid: str, body: SessionFinish, who: Principal
 
 
 @router.post("/{sid}/chat/completions", responses={503: {"model": ErrorResponse}})
-async def chat_completions(request: Request, sid: str, body: ChatCompletionRequest, who: Principal = Caller) -> dict:
-    """OpenAI's chat completion, served with token-in/token-out underneath."""
+async def chat_completions(request: Request, sid: str, body: ChatCompletionRequest, who: Principal = Caller):
+    """OpenAI's chat completion, served with token-in/token-out underneath; with `stream`,
+    as server-sent chunks (the reply is sampled and recorded first, so a stream and a plain
+    answer record the same trajectory)."""
     try:
         reply = await request.app.state.sessions.complete(sid, _owner(who), body)
     except SessionNotFound:
@@ -69,14 +74,50 @@ async def chat_completions(request: Request, sid: str, body: ChatCompletionReque
         raise Conflict(str(e)) from None
     except EngineError as e:
         raise EngineUnavailable(str(e)) from None
-    return {
-        "id": f"chatcmpl-{sid}-{int(time.time() * 1000)}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": body.model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": reply.text},
-                     "finish_reason": reply.finish_reason if reply.finish_reason in ("stop", "length") else "stop",
-                     "logprobs": None}],
-        "usage": {"prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens,
-                  "total_tokens": reply.prompt_tokens + reply.completion_tokens},
-    }
+    head = {"id": f"chatcmpl-{sid}-{int(time.time() * 1000)}", "created": int(time.time()), "model": body.model}
+    usage = {"prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens,
+             "total_tokens": reply.prompt_tokens + reply.completion_tokens}
+    if body.stream:
+        with_usage = bool(body.stream_options and body.stream_options.include_usage)
+        events = (f"data: {json.dumps(c)}\n\n" for c in chunks(head, reply, usage if with_usage else None))
+        return StreamingResponse(_then_done(events), media_type="text/event-stream")
+    return {**head, "object": "chat.completion",
+            "choices": [{"index": k, "message": _message(c), "finish_reason": c.finish_reason,
+                         "logprobs": None if c.logprobs is None else {"content": c.logprobs, "refusal": None}}
+                        for k, c in enumerate(reply.choices)],
+            "usage": usage}
+
+
+def _message(c: Choice) -> dict:
+    msg: dict = {"role": "assistant", "content": c.content}
+    if c.tool_calls:
+        msg["tool_calls"] = [t.model_dump() for t in c.tool_calls]
+    return msg
+
+
+def chunks(head: dict, reply: Reply, usage: dict | None) -> Iterator[dict]:
+    """OpenAI's `chat.completion.chunk`s of a reply: per choice, the role, one content delta
+    per sampled token (with its logprobs when asked), the tool calls, then the finish; last,
+    with `usage`, a chunk with no choices that carries it."""
+    def chunk(k: int, delta: dict, logprobs: list | None = None, finish: str | None = None) -> dict:
+        return {**head, "object": "chat.completion.chunk",
+                "choices": [{"index": k, "delta": delta, "finish_reason": finish,
+                             "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None}}]}
+
+    for k, c in enumerate(reply.choices):
+        yield chunk(k, {"role": "assistant", "content": ""})
+        for j, piece in enumerate(c.pieces):
+            lp = None if c.logprobs is None else c.logprobs[j: j + 1]
+            if piece or lp:
+                yield chunk(k, {"content": piece} if piece else {}, lp)
+        for i, call in enumerate(c.tool_calls):
+            yield chunk(k, {"tool_calls": [{"index": i, **call.model_dump()}]})
+        yield chunk(k, {}, finish=c.finish_reason)
+    if usage is not None:
+        yield {**head, "object": "chat.completion.chunk", "choices": [], "usage": usage}
+
+
+async def _then_done(events: Iterator[str]) -> AsyncIterator[str]:
+    for e in events:
+        yield e
+    yield "data: [DONE]\n\n"
