@@ -7,11 +7,12 @@ import json
 import time
 from collections.abc import AsyncIterator, Iterator
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
 
 from rollout_service.auth import Principal
 from rollout_service.engines.base import EngineError
+from rollout_service.routes.batches import SAMPLES
 from rollout_service.routes.deps import principal
 from rollout_service.sessions import Choice, Reply, SessionClosed, SessionNotFound
 from wire import (
@@ -44,12 +45,14 @@ async def create(request: Request, body: SessionCreate | None = None, who: Princ
 
 
 @router.get("/{sid}", response_model=Trajectory)
-async def get(request: Request, sid: str, who: Principal = Caller) -> Trajectory:
+async def get(request: Request, sid: str, samples: bool = Query(False, description=SAMPLES),
+              who: Principal = Caller) -> Trajectory:
     """The session so far, as a trajectory: exact token ids, logprobs and masks per call."""
     try:
-        return await request.app.state.sessions.get(sid, _owner(who))
+        traj = await request.app.state.sessions.get(sid, _owner(who))
     except SessionNotFound:
         raise NotFound(f"no session {sid!r}") from None
+    return traj.with_samples() if samples else traj
 
 
 @router.post("/{sid}/finish", response_model=Trajectory)
