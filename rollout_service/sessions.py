@@ -180,7 +180,7 @@ class Sessions:
         context = [i for t in seg for i in (*t.prompt_ids, *t.output_ids)]
         n = len(traj.messages)
         if (messages[:n] == traj.messages and len(messages) > n
-                and traj.info.get("tools_sha") == _tools_sha(render.tools)):
+                and traj.info.get("tools_sha", "") == _tools_sha(render.tools)):
             try:
                 return render.continuation(last.output_ids, messages[n:]), last.segment, context
             except TemplateDriftError:
