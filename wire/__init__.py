@@ -56,15 +56,23 @@ from wire.batches import (
 from wire.engines import EngineInfo, EngineRoleUpdate, EngineUpdateResult, WeightUpdate, WeightUpdateResult
 from wire.envs import EnvAction, EnvOpen, EnvOpened, EnvStepped, WorkerInfo
 from wire.errors import ApiError, Conflict, ErrorBody, ErrorResponse, NotFound, Overloaded, error_body
-from wire.sessions import ChatCompletionRequest, ChatMessageIn, SessionCreate, SessionCreated, SessionFinish, ToolDef
+from wire.sessions import (
+    ChatCompletionRequest,
+    ChatMessageIn,
+    ResponsesRequest,
+    SessionCreate,
+    SessionCreated,
+    SessionFinish,
+    ToolDef,
+)
 
 __all__ = [
-    "MAX_GROUP_SIZE", "MAX_TOKENS_PER_TURN", "MAX_TURNS", "TERMINAL_STATES", "USABLE_STATES",
-    "ApiError", "ApiKeyCreate", "ApiKeyCreated", "BatchCreated", "BatchState", "BatchStatus", "ChatCompletionRequest",
+    "MAX_GROUP_SIZE", "MAX_TOKENS_PER_TURN", "MAX_TURNS", "TERMINAL_STATES", "USABLE_STATES", "ApiError",
+    "ApiKeyCreate", "ApiKeyCreated", "BatchCreated", "BatchState", "BatchStatus", "ChatCompletionRequest",
     "ChatMessageIn", "Conflict", "EngineInfo", "EngineRoleUpdate", "EngineUpdateResult", "EnvAction", "EnvOpen",
-    "EnvOpened", "EnvStepped", "ErrorBody", "ErrorResponse", "Failure", "FailureKind", "GroupStatus", "Input", "Int",
-    "FunctionCall", "Message", "NotFound", "Overloaded", "RolloutRequest", "Sample", "SamplingParams", "Seed", "SessionCreate",
-    "SessionCreated", "SessionFinish", "StateRules", "Trajectory", "TrajectoryEvent", "TrajectoryPage",
-    "ToolCall", "ToolDef", "TrajectoryState", "Turn", "TurnTimings", "Version", "WeightUpdate", "WeightUpdateResult", "Wire", "WorkerInfo",
-    "error_body",
+    "EnvOpened", "EnvStepped", "ErrorBody", "ErrorResponse", "Failure", "FailureKind", "FunctionCall", "GroupStatus",
+    "Input", "Int", "Message", "NotFound", "Overloaded", "ResponsesRequest", "RolloutRequest", "Sample",
+    "SamplingParams", "Seed", "SessionCreate", "SessionCreated", "SessionFinish", "StateRules", "ToolCall", "ToolDef",
+    "Trajectory", "TrajectoryEvent", "TrajectoryPage", "TrajectoryState", "Turn", "TurnTimings", "Version",
+    "WeightUpdate", "WeightUpdateResult", "Wire", "WorkerInfo", "error_body",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from wire.base import MAX_TOKENS_PER_TURN, Input, Message, ToolCall, Wire
@@ -161,3 +161,90 @@ class ChatCompletionRequest(BaseModel):
         if not self.tools or self.tool_choice == "none":
             return None
         return [t.model_dump(exclude_none=True) for t in self.tools]
+
+
+# Responses API fields the proxy cannot honour (besides those of chat completions): refused
+# unless absent or neutral. `previous_response_id` and `conversation` need stored responses:
+# send the whole input each time (what `store: false` clients do).
+RESPONSES_UNSUPPORTED: dict[str, tuple] = {
+    "previous_response_id": (None,),
+    "conversation": (None,),
+    "background": (None, False),
+    "reasoning": (None, {}),
+    "prompt": (None,),
+    "stream": (None, False),
+    "text": (None, {"format": {"type": "text"}}),
+    "top_logprobs": (None, 0),
+}
+
+
+class ResponsesRequest(BaseModel):
+    """OpenAI's Responses API request, for text and function calls: turned into the chat
+    completion it means (`to_chat`), so it is served and recorded the same way."""
+
+    model_config = ConfigDict(extra="allow")  # kept, so that unsupported fields can be named
+
+    model: str = Field("default", max_length=200)
+    input: str | list[dict[str, Any]] = Field(max_length=10_000)
+    instructions: str | None = Field(None, max_length=1_000_000)
+    tools: list[dict[str, Any]] | None = Field(None, max_length=128)
+    tool_choice: str | dict | None = None
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_output_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_PER_TURN)
+    parallel_tool_calls: bool | None = None
+    _chat: ChatCompletionRequest | None = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _refuse_unsupported(self) -> ResponsesRequest:
+        for name, value in (self.model_extra or {}).items():
+            if (name in RESPONSES_UNSUPPORTED and value not in RESPONSES_UNSUPPORTED[name]) or (
+                    name in UNSUPPORTED and value not in UNSUPPORTED[name]):
+                raise _unsupported(name)
+        for t in self.tools or []:
+            if t.get("type") != "function":
+                raise _unsupported(f"tool of type {t.get('type')!r}", " (function tools only)")
+        self._chat = self._to_chat()
+        return self
+
+    @property
+    def chat(self) -> ChatCompletionRequest:
+        """The same request as a chat completion (built, and so checked, on validation)."""
+        return self._chat
+
+    def _to_chat(self) -> ChatCompletionRequest:
+        """The same request as a chat completion: items become messages (a function call joins
+        the assistant message before it, as chat completions hold them), flat function tools
+        become nested ones."""
+        messages: list[dict] = [{"role": "system", "content": self.instructions}] if self.instructions else []
+        items = [{"role": "user", "content": self.input}] if isinstance(self.input, str) else self.input
+        for item in items:
+            kind = item.get("type", "message")
+            if kind == "message":
+                messages.append({"role": item.get("role"), "content": _item_text(item.get("content"))})
+            elif kind == "function_call":
+                call = {"id": item.get("call_id"), "type": "function",
+                        "function": {"name": item.get("name"), "arguments": item.get("arguments")}}
+                last = messages[-1] if messages else None
+                if last is None or last["role"] != "assistant":
+                    last = {"role": "assistant", "content": None}
+                    messages.append(last)
+                last.setdefault("tool_calls", []).append(call)
+            elif kind == "function_call_output":
+                messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
+                                 "content": _item_text(item.get("output"))})
+            else:
+                raise _unsupported(f"input item of type {kind!r}", " (messages and function calls only)")
+        tools = [{"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters") if k in t}}
+                 for t in self.tools or []]
+        return ChatCompletionRequest.model_validate({
+            "model": self.model, "messages": messages, "tools": tools or None, "tool_choice": self.tool_choice,
+            "temperature": self.temperature, "top_p": self.top_p, "max_completion_tokens": self.max_output_tokens})
+
+
+def _item_text(content: Any) -> Any:
+    """Responses content parts (`input_text`, `output_text`) as chat text parts."""
+    if not isinstance(content, list):
+        return content
+    return [{**p, "type": "text"} if isinstance(p, dict) and p.get("type") in ("input_text", "output_text") else p
+            for p in content]

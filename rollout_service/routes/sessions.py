@@ -18,6 +18,7 @@ from rollout_service.sessions import Choice, Reply, SessionClosed, SessionNotFou
 from wire import (
     ChatCompletionRequest,
     ErrorResponse,
+    ResponsesRequest,
     SessionCreate,
     SessionCreated,
     SessionFinish,
@@ -69,14 +70,7 @@ async def chat_completions(request: Request, sid: str, body: ChatCompletionReque
     """OpenAI's chat completion, served with token-in/token-out underneath; with `stream`,
     as server-sent chunks (the reply is sampled and recorded first, so a stream and a plain
     answer record the same trajectory)."""
-    try:
-        reply = await request.app.state.sessions.complete(sid, _owner(who), body)
-    except SessionNotFound:
-        raise NotFound(f"no session {sid!r}") from None
-    except SessionClosed as e:
-        raise Conflict(str(e)) from None
-    except EngineError as e:
-        raise EngineUnavailable(str(e)) from None
+    reply = await _complete(request, sid, who, body)
     head = {"id": f"chatcmpl-{sid}-{int(time.time() * 1000)}", "created": int(time.time()), "model": body.model}
     usage = {"prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens,
              "total_tokens": reply.prompt_tokens + reply.completion_tokens}
@@ -89,6 +83,45 @@ async def chat_completions(request: Request, sid: str, body: ChatCompletionReque
                          "logprobs": None if c.logprobs is None else {"content": c.logprobs, "refusal": None}}
                         for k, c in enumerate(reply.choices)],
             "usage": usage}
+
+
+@router.post("/{sid}/responses", responses={503: {"model": ErrorResponse}})
+async def responses(request: Request, sid: str, body: ResponsesRequest, who: Principal = Caller) -> dict:
+    """OpenAI's Responses API, for text and function calls: served as the chat completion it
+    means, recorded the same way. The whole input each call (no `previous_response_id`)."""
+    chat = body.chat
+    reply = await _complete(request, sid, who, chat)
+    (c,) = reply.choices
+    stamp = int(time.time() * 1000)
+    output: list[dict] = []
+    if c.content or not c.tool_calls:
+        output.append({"type": "message", "id": f"msg_{sid[2:]}_{stamp}", "role": "assistant", "status": "completed",
+                       "content": [{"type": "output_text", "text": c.content or "", "annotations": [],
+                                    "logprobs": []}]})
+    output += [{"type": "function_call", "id": f"fc_{t.id}", "call_id": t.id, "name": t.function.name,
+                "arguments": t.function.arguments, "status": "completed"} for t in c.tool_calls]
+    cut = c.finish_reason == "length"
+    return {"id": f"resp_{sid[2:]}_{stamp}", "object": "response", "created_at": time.time(), "model": body.model,
+            "status": "incomplete" if cut else "completed",
+            "incomplete_details": {"reason": "max_output_tokens"} if cut else None, "error": None,
+            "instructions": body.instructions, "output": output,
+            "parallel_tool_calls": body.parallel_tool_calls is not False, "tool_choice": chat.tool_choice or "auto",
+            "tools": body.tools or [], "temperature": body.temperature, "top_p": body.top_p,
+            "max_output_tokens": body.max_output_tokens,
+            "usage": {"input_tokens": reply.prompt_tokens, "output_tokens": reply.completion_tokens,
+                      "total_tokens": reply.prompt_tokens + reply.completion_tokens,
+                      "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}}
+
+
+async def _complete(request: Request, sid: str, who: Principal, body: ChatCompletionRequest) -> Reply:
+    try:
+        return await request.app.state.sessions.complete(sid, _owner(who), body)
+    except SessionNotFound:
+        raise NotFound(f"no session {sid!r}") from None
+    except SessionClosed as e:
+        raise Conflict(str(e)) from None
+    except EngineError as e:
+        raise EngineUnavailable(str(e)) from None
 
 
 def _message(c: Choice) -> dict:

@@ -241,3 +241,34 @@ def test_n_choices_are_samples_sharing_the_prompt(gateway, engine):
     traj = trajectory(gateway, sid)
     assert [t["segment"] for t in traj["turns"]] == [1, 2, 0, 0]
     assert traj["training_samples"][0]["token_ids"][:len(prompt)] == prompt
+
+
+def test_responses_api_text_and_function_calls(gateway, engine):
+    sid, client = session(gateway)
+    tool = {"type": "function", "name": "add", "description": "Add two integers.",
+            "parameters": ADD["function"]["parameters"], "strict": True}
+    items = [{"role": "user", "content": "What is 2 + 3?"}]
+    r1 = client.responses.create(model="sim", instructions="You add.", input=items, tools=[tool], store=False)
+    assert r1.status == "completed" and [o.type for o in r1.output] == ["message", "function_call"]
+    assert r1.output[0].content[0].text == "Let me add."
+    call = r1.output[1]
+    assert call.name == "add" and json.loads(call.arguments) == {"a": 2, "b": 3}
+    items += [o.model_dump(exclude_none=True) for o in r1.output]
+    items.append({"type": "function_call_output", "call_id": call.call_id, "output": "5"})
+    r2 = client.responses.create(model="sim", instructions="You add.", input=items, tools=[tool], store=False)
+    assert r2.output_text == FINAL and r2.usage.output_tokens == len(TOK.encode(FINAL)) + 1
+
+    traj = trajectory(gateway, sid)
+    t0, t1 = traj["turns"]
+    assert [t["segment"] for t in traj["turns"]] == [0, 0]  # the second call appended to the first
+    assert t0["output_ids"] == [*TOK.encode(CALL), TOK.eos_id] and t1["output_ids"] == [*TOK.encode(FINAL), TOK.eos_id]
+    assert traj["messages"][2]["tool_calls"][0]["id"] == call.call_id == traj["messages"][3]["tool_call_id"]
+    # what it cannot honour is named
+    for extra, field in [({"previous_response_id": "resp_1"}, "previous_response_id"),
+                         ({"input": [{"type": "reasoning", "summary": []}]}, "'reasoning'"),
+                         ({"tools": [{"type": "web_search"}]}, "'web_search'")]:
+        with pytest.raises(openai.UnprocessableEntityError) as e:
+            client.responses.create(**{"model": "sim", "input": "hi", **extra})
+        assert field in e.value.body["message"] and "not supported" in e.value.body["message"]
+    cut = client.responses.create(model="sim", input="hi", max_output_tokens=4)
+    assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens"
