@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from wire.base import MAX_TOKENS_PER_TURN, Input, Message, ToolCall, Wire
@@ -58,6 +58,16 @@ class ChatMessageIn(BaseModel):
         role = "system" if self.role == "developer" else self.role
         return Message(role=role, content=self.content or "", tool_calls=self.tool_calls or None,
                        tool_call_id=self.tool_call_id)
+
+
+def _auto_or_none(v: Any) -> Any:
+    if v in (None, "auto", "none"):
+        return v
+    # "required" or a named function would need constrained decoding to be honoured.
+    raise _unsupported("tool_choice", f" with value {v!r} (only 'auto' and 'none')")
+
+
+ToolChoice = Annotated[Literal["auto", "none"] | None, BeforeValidator(_auto_or_none)]
 
 
 class FunctionDef(BaseModel):
@@ -114,38 +124,21 @@ class ChatCompletionRequest(BaseModel):
     max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_PER_TURN)
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_PER_TURN)
     seed: int | None = Field(None, ge=0, le=2**32 - 1)
-    stop: str | list[str] | None = Field(None, description="at most 16 strings")
+    stop: str | Annotated[list[str], Field(max_length=16)] | None = None
     n: int = Field(1, ge=1, le=MAX_CHOICES)
     stream: bool = False
     stream_options: StreamOptions | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: list[ToolDef] | None = Field(None, max_length=128)
-    tool_choice: str | dict | None = None
+    tool_choice: ToolChoice = None
     parallel_tool_calls: bool | None = None  # several calls in one reply are always parsed
-
-    @field_validator("stop")
-    @classmethod
-    def _few_stops(cls, v: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(v, list) and len(v) > 16:
-            raise ValueError("at most 16 stop strings")
-        return v
-
-    @field_validator("tool_choice")
-    @classmethod
-    def _tool_choice(cls, v: str | dict | None) -> str | None:
-        if v in (None, "auto", "none"):
-            return v
-        # "required" or a named function would need constrained decoding to be honoured.
-        raise _unsupported("tool_choice", f" with value {v!r} (only 'auto' and 'none')")
 
     @model_validator(mode="after")
     def _refuse_unsupported(self) -> ChatCompletionRequest:
         for name, value in (self.model_extra or {}).items():
             if name in UNSUPPORTED and value not in UNSUPPORTED[name]:
                 raise _unsupported(name)
-        if self.top_logprobs and not self.logprobs:
-            raise ValueError("top_logprobs needs logprobs: true")
         return self
 
     def stop_list(self) -> list[str]:
@@ -178,17 +171,90 @@ RESPONSES_UNSUPPORTED: dict[str, tuple] = {
 }
 
 
+def _text(content: Any) -> Any:
+    """Responses content parts (`input_text`, `output_text`) as one text, newline-joined."""
+    if not isinstance(content, list):
+        return content
+    texts = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in ("input_text", "output_text", "text") or not isinstance(part.get("text"), str):
+            raise _unsupported(f"content part of type {kind!r}", " (text parts only)")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+Text = Annotated[str, BeforeValidator(_text), Field(max_length=1_000_000)]
+
+
+class MessageItem(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # id, status: ignored
+
+    type: Literal["message"] = "message"
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Text
+
+
+class FunctionCallItem(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function_call"]
+    call_id: str = Field(max_length=200)
+    name: str = Field(max_length=200)
+    arguments: str = Field(max_length=1_000_000)
+
+
+class FunctionCallOutputItem(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function_call_output"]
+    call_id: str = Field(max_length=200)
+    output: Text
+
+
+def _known_items(v: Any) -> Any:
+    if not isinstance(v, list):
+        return v
+    out = []
+    for item in v:
+        if isinstance(item, dict):
+            item = {"type": "message", **item}
+            if item["type"] not in ("message", "function_call", "function_call_output"):
+                raise _unsupported(f"input item of type {item['type']!r}", " (messages and function calls only)")
+        out.append(item)
+    return out
+
+
+Item = Annotated[MessageItem | FunctionCallItem | FunctionCallOutputItem, Field(discriminator="type")]
+
+
+class FunctionTool(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # strict: ignored
+
+    type: Literal["function"]
+    name: str = Field(min_length=1, max_length=200)
+    description: str | None = Field(None, max_length=100_000)
+    parameters: dict[str, Any] | None = None
+
+
+def _function_tools(v: Any) -> Any:
+    for t in v if isinstance(v, list) else []:
+        if isinstance(t, dict) and t.get("type") != "function":
+            raise _unsupported(f"tool of type {t.get('type')!r}", " (function tools only)")
+    return v
+
+
 class ResponsesRequest(BaseModel):
     """OpenAI's Responses API request, for text and function calls: turned into the chat
-    completion it means (`to_chat`), so it is served and recorded the same way."""
+    completion it means (`chat`), so it is served and recorded the same way."""
 
     model_config = ConfigDict(extra="allow")  # kept, so that unsupported fields can be named
 
     model: str = Field("default", max_length=200)
-    input: str | list[dict[str, Any]] = Field(max_length=10_000)
+    input: str | Annotated[list[Item], BeforeValidator(_known_items), Field(min_length=1, max_length=10_000)]
     instructions: str | None = Field(None, max_length=1_000_000)
-    tools: list[dict[str, Any]] | None = Field(None, max_length=128)
-    tool_choice: str | dict | None = None
+    tools: Annotated[list[FunctionTool], BeforeValidator(_function_tools), Field(max_length=128)] | None = None
+    tool_choice: ToolChoice = None
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_output_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_PER_TURN)
@@ -201,9 +267,6 @@ class ResponsesRequest(BaseModel):
             if (name in RESPONSES_UNSUPPORTED and value not in RESPONSES_UNSUPPORTED[name]) or (
                     name in UNSUPPORTED and value not in UNSUPPORTED[name]):
                 raise _unsupported(name)
-        for t in self.tools or []:
-            if t.get("type") != "function":
-                raise _unsupported(f"tool of type {t.get('type')!r}", " (function tools only)")
         self._chat = self._to_chat()
         return self
 
@@ -213,38 +276,23 @@ class ResponsesRequest(BaseModel):
         return self._chat
 
     def _to_chat(self) -> ChatCompletionRequest:
-        """The same request as a chat completion: items become messages (a function call joins
-        the assistant message before it, as chat completions hold them), flat function tools
-        become nested ones."""
+        """Items become messages (a function call joins the assistant message before it, as
+        chat completions hold them); flat function tools become nested ones."""
         messages: list[dict] = [{"role": "system", "content": self.instructions}] if self.instructions else []
-        items = [{"role": "user", "content": self.input}] if isinstance(self.input, str) else self.input
+        items = [MessageItem(role="user", content=self.input)] if isinstance(self.input, str) else self.input
         for item in items:
-            kind = item.get("type", "message")
-            if kind == "message":
-                messages.append({"role": item.get("role"), "content": _item_text(item.get("content"))})
-            elif kind == "function_call":
-                call = {"id": item.get("call_id"), "type": "function",
-                        "function": {"name": item.get("name"), "arguments": item.get("arguments")}}
-                last = messages[-1] if messages else None
-                if last is None or last["role"] != "assistant":
-                    last = {"role": "assistant", "content": None}
-                    messages.append(last)
-                last.setdefault("tool_calls", []).append(call)
-            elif kind == "function_call_output":
-                messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
-                                 "content": _item_text(item.get("output"))})
+            if isinstance(item, MessageItem):
+                messages.append({"role": item.role, "content": item.content})
+            elif isinstance(item, FunctionCallItem):
+                call = {"id": item.call_id, "type": "function",
+                        "function": {"name": item.name, "arguments": item.arguments}}
+                if not messages or messages[-1]["role"] != "assistant":
+                    messages.append({"role": "assistant", "content": None})
+                messages[-1].setdefault("tool_calls", []).append(call)
             else:
-                raise _unsupported(f"input item of type {kind!r}", " (messages and function calls only)")
-        tools = [{"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters") if k in t}}
+                messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.output})
+        tools = [{"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)}
                  for t in self.tools or []]
         return ChatCompletionRequest.model_validate({
             "model": self.model, "messages": messages, "tools": tools or None, "tool_choice": self.tool_choice,
             "temperature": self.temperature, "top_p": self.top_p, "max_completion_tokens": self.max_output_tokens})
-
-
-def _item_text(content: Any) -> Any:
-    """Responses content parts (`input_text`, `output_text`) as chat text parts."""
-    if not isinstance(content, list):
-        return content
-    return [{**p, "type": "text"} if isinstance(p, dict) and p.get("type") in ("input_text", "output_text") else p
-            for p in content]

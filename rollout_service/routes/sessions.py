@@ -106,7 +106,7 @@ async def responses(request: Request, sid: str, body: ResponsesRequest, who: Pri
             "incomplete_details": {"reason": "max_output_tokens"} if cut else None, "error": None,
             "instructions": body.instructions, "output": output,
             "parallel_tool_calls": body.parallel_tool_calls is not False, "tool_choice": chat.tool_choice or "auto",
-            "tools": body.tools or [], "temperature": body.temperature, "top_p": body.top_p,
+            "tools": [t.model_dump(exclude_none=True) for t in body.tools or []], "temperature": body.temperature, "top_p": body.top_p,
             "max_output_tokens": body.max_output_tokens,
             "usage": {"input_tokens": reply.prompt_tokens, "output_tokens": reply.completion_tokens,
                       "total_tokens": reply.prompt_tokens + reply.completion_tokens,
