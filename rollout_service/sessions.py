@@ -78,7 +78,7 @@ class Sessions:
 
     async def create(self, tenant: str, body: SessionCreate) -> Trajectory:
         sid = f"s-{uuid.uuid4().hex[:16]}"
-        traj = Trajectory(id=sid, batch_id="session", group_index=0, sample_index=0, env="proxy",
+        traj = Trajectory(id=sid, batch_id=body.group, group_index=0, sample_index=body.sample_index, env="proxy",
                           task=dict(body.metadata), state=TrajectoryState.running)
         await self.r.hset(self.k.session(sid), mapping={"tenant": tenant, "traj": traj.model_dump_json(),
                                                         "created_at": time.time()})

@@ -7,13 +7,17 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from wire.base import MAX_TOKENS_PER_TURN, Input, Message, ToolCall, Wire
+from wire.base import MAX_GROUP_SIZE, MAX_TOKENS_PER_TURN, Input, Int, Message, ToolCall, Wire
 
 MAX_CHOICES = 16  # n: samples per call (a GRPO group from one call)
 
 
 class SessionCreate(Input):
     metadata: dict[str, str] = Field(default_factory=dict, max_length=32)
+    group: str = Field("session", min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$",
+                       description="The trajectory's batch_id: sessions of one group form a GRPO group "
+                                   "(trainer_client.grpo groups by batch_id and group_index).")
+    sample_index: Int = Field(0, ge=0, le=MAX_GROUP_SIZE, description="This session's place in its group.")
 
 
 class SessionCreated(Wire):
