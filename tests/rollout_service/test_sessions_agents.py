@@ -1,6 +1,7 @@
-"""An off-the-shelf agent through the session proxy: the OpenAI Agents SDK (`openai-agents`)
-with a function tool, driving a tool-using episode against the scripted simulated engine,
-plainly and streamed. Tracing is off: the SDK would otherwise export spans to OpenAI."""
+"""Off-the-shelf agent frameworks through the session proxy, each driving a tool-using
+episode against the scripted simulated engine: the OpenAI Agents SDK (`openai-agents`) with a
+function tool, plainly and streamed, and LangChain's `ChatOpenAI` with a bound tool. Tracing
+is off: the SDK would otherwise export spans to OpenAI (LangSmith traces only when asked)."""
 
 from __future__ import annotations
 
@@ -67,3 +68,27 @@ async def test_agents_sdk_streamed_records_the_same_trajectory(gateway, engine):
     streamed, plain = check_episode(gateway, sid), check_episode(gateway, plain_sid)
     for a, b in zip(streamed.turns, plain.turns, strict=True):
         assert (a.prompt_ids, a.output_ids) == (b.prompt_ids, b.output_ids)
+
+
+def test_langchain_tool_loop_through_a_session(gateway, engine):  # noqa: F811
+    from langchain_core.messages import HumanMessage, SystemMessage
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    created = httpx.post(f"{gateway.url}/v1/sessions", json={"metadata": {"agent": "langchain"}}).json()
+    llm = ChatOpenAI(model="sim", base_url=gateway.url + created["base_url_path"], api_key="unused",
+                     max_retries=0).bind_tools([add])
+    messages = [SystemMessage("You add."), HumanMessage("What is 2 + 3?")]
+    reply = llm.invoke(messages)
+    assert [c["name"] for c in reply.tool_calls] == ["add"] and reply.tool_calls[0]["args"] == {"a": 2, "b": 3}
+    messages += [reply, *(add.invoke(call) for call in reply.tool_calls)]  # ToolMessages, ids kept
+    streamed = None
+    for chunk in llm.stream(messages):  # the closing turn streamed, as LangChain agents do
+        streamed = chunk if streamed is None else streamed + chunk
+    assert streamed.content == FINAL
+    check_episode(gateway, created["id"])
