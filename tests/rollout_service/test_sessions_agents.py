@@ -54,7 +54,8 @@ async def test_agents_sdk_runs_a_tool_episode_through_a_session(gateway, engine)
     result = await Runner.run(agent, "What is 2 + 3?")
     assert result.final_output == FINAL
     traj = check_episode(gateway, sid)
-    assert "You add." in TOK.decode(traj.turns[0].prompt_ids) and '"name": "add"' in TOK.decode(traj.turns[0].prompt_ids)
+    first_prompt = TOK.decode(traj.turns[0].prompt_ids)
+    assert "You add." in first_prompt and '"name": "add"' in first_prompt
 
 
 @pytest.mark.asyncio

@@ -67,8 +67,8 @@ def test_stop_string_ends_the_text_where_the_engine_stopped(gateway, keys):
         # the ids sampled up to and including the stop string's last token; no eos was sampled
         assert turn["output_ids"] == TOK.encode("Hello world,") and eng.requests[0].sampling.stop == [" how", ","]
         # the agent sends the text back: the next prompt appends to the sampled ids, closing them with eos
-        r2 = client.chat.completions.create(model="sim", messages=[*msgs, {"role": "assistant", "content": "Hello world"},
-                                                                   {"role": "user", "content": "and?"}])
+        r2 = client.chat.completions.create(model="sim", messages=[
+            *msgs, {"role": "assistant", "content": "Hello world"}, {"role": "user", "content": "and?"}])
         assert r2.choices[0].message.content == "Fine."
         turns = trajectory(gateway, sid)["turns"]
         assert [t["segment"] for t in turns] == [0, 0]
@@ -77,7 +77,8 @@ def test_stop_string_ends_the_text_where_the_engine_stopped(gateway, keys):
         # the simulated engine's own completions honour stop too, as vLLM's do
         body = httpx.post(f"{srv.url}/v1/completions", json={"prompt": TOK.render(
             [], add_generation_prompt=True), "max_tokens": 64, "stop": [", "], "return_token_ids": True}).json()
-        assert body["choices"][0]["text"] == "Hello world" and body["choices"][0]["token_ids"] == TOK.encode("Hello world, ")
+        choice = body["choices"][0]
+        assert choice["text"] == "Hello world" and choice["token_ids"] == TOK.encode("Hello world, ")
     finally:
         srv.__exit__()
 
