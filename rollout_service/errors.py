@@ -51,8 +51,13 @@ def install(app) -> None:  # app: fastapi.FastAPI (kept untyped: this module mus
     async def _invalid(_req, exc: RequestValidationError):
         details = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
                    for e in exc.errors()]
-        return JSONResponse(body("invalid_request", "request failed validation", jsonable_encoder(details)),
-                            status_code=422)
+        # One problem in the message itself (clients, OpenAI's SDK and agents, show only that):
+        # an unsupported feature first, which says more than the other branches of a union.
+        first = next((d for d in details if d["type"] == "unsupported"), details[0] if details else
+                     {"loc": [], "msg": ""})
+        where = ".".join(str(p) for p in first["loc"])
+        return JSONResponse(body("invalid_request", f"request failed validation: {where}: {first['msg']}",
+                                 jsonable_encoder(details)), status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(req, exc: StarletteHTTPException):

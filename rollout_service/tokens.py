@@ -11,11 +11,14 @@ Two tokenizers: `ByteTokenizer` (bytes + ChatML specials, no dependencies; the s
 engine speaks it) and `HFTokenizer` (a local transformers tokenizer folder with its own chat
 template; needs the `engine` extra).
 
-Non-goals: tool-call parsing formats; that belongs to environments.
+Tools: a template that renders them (`supports_tools`) gets them through
+`render(..., tools=...)`; for one that does not, the session proxy rewrites the messages in a
+fallback format first (`rollout_service.toolcalls.as_plain`).
 """
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Sequence
 from functools import lru_cache
@@ -30,6 +33,7 @@ _BASE = [Message(role="system", content="s"), Message(role="user", content="u")]
 
 class Tokenizer(Protocol):
     eos_id: int
+    supports_tools: bool  # render() takes tools=[...] (optional: absent means False)
 
     def encode(self, text: str) -> list[int]: ...
     def decode(self, ids: Sequence[int]) -> str: ...
@@ -42,6 +46,7 @@ class ByteTokenizer:
     ENDOFTEXT, IM_START, IM_END = 256, 257, 258
     vocab_size = 259
     eos_id = IM_END
+    supports_tools = False  # the proxy writes tools into the messages (toolcalls.as_plain)
     _specials = {ENDOFTEXT: "<|endoftext|>", IM_START: "<|im_start|>", IM_END: "<|im_end|>"}
 
     def encode(self, text: str) -> list[int]:
@@ -59,7 +64,7 @@ class ByteTokenizer:
         out.append(buf.decode("utf-8", errors="replace"))
         return "".join(out)
 
-    def render(self, messages: Sequence[Message], add_generation_prompt: bool) -> list[int]:
+    def render(self, messages: Sequence[Message], add_generation_prompt: bool, tools=None) -> list[int]:
         ids: list[int] = []
         for m in messages:
             ids += [self.IM_START, *self.encode(f"{m.role}\n{m.content}"), self.IM_END, *self.encode("\n")]
@@ -77,6 +82,7 @@ class HFTokenizer:
         self._tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
         eos = self._tok.convert_tokens_to_ids("<|im_end|>")
         self.eos_id = eos if isinstance(eos, int) and eos != self._tok.unk_token_id else self._tok.eos_token_id
+        self.supports_tools = "tools" in str(self._tok.chat_template or "")
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False)
@@ -84,10 +90,23 @@ class HFTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=False)
 
-    def render(self, messages: Sequence[Message], add_generation_prompt: bool) -> list[int]:
+    def render(self, messages: Sequence[Message], add_generation_prompt: bool, tools=None) -> list[int]:
         # return_dict=False: transformers 5 otherwise returns a BatchEncoding.
-        return list(self._tok.apply_chat_template([m.model_dump() for m in messages], tokenize=True,
-                                                  add_generation_prompt=add_generation_prompt, return_dict=False))
+        extra = {"tools": list(tools)} if tools else {}
+        return list(self._tok.apply_chat_template([_template_dict(m) for m in messages], tokenize=True,
+                                                  add_generation_prompt=add_generation_prompt, return_dict=False,
+                                                  **extra))
+
+
+def _template_dict(m: Message) -> dict:
+    """A message as chat templates read it: absent fields left out, call arguments as objects."""
+    d = m.model_dump(exclude_none=True)
+    for call in d.get("tool_calls", ()):
+        try:
+            call["function"]["arguments"] = json.loads(call["function"]["arguments"])
+        except ValueError:
+            pass  # not JSON: the template gets the text
+    return d
 
 
 _NAMED: dict[str, Tokenizer] = {"byte": ByteTokenizer()}
@@ -135,19 +154,23 @@ class ChatTokens:
         self._base_len = len(base)
         self._base = base
 
-    def prompt(self, messages: Sequence[Message]) -> list[int]:
-        return self.tok.render(messages, add_generation_prompt=True)
+    def prompt(self, messages: Sequence[Message], tools: Sequence[dict] | None = None) -> list[int]:
+        return self.tok.render(messages, add_generation_prompt=True, **({"tools": tools} if tools else {}))
 
-    def continuation(self, output_ids: Sequence[int], new_messages: Sequence[Message]) -> list[int]:
-        """Tokens to append after `output_ids` so the next prompt holds `new_messages`."""
+    def continuation(self, output_ids: Sequence[int], new_messages: Sequence[Message],
+                     tools: Sequence[dict] | None = None) -> list[int]:
+        """Tokens to append after `output_ids` so the next prompt holds `new_messages` (with
+        `tools`, as the template renders them: the prefix is measured with them too)."""
         closing = list(self._after_eos) if output_ids and output_ids[-1] == self.tok.eos_id else [
             self.tok.eos_id,
             *self._after_eos,
         ]
-        full = self.tok.render([*_BASE, *new_messages], add_generation_prompt=True)
-        if full[: self._base_len] != self._base:
+        with_tools = {"tools": tools} if tools else {}
+        base = self.tok.render(_BASE, add_generation_prompt=False, **with_tools) if tools else self._base
+        full = self.tok.render([*_BASE, *new_messages], add_generation_prompt=True, **with_tools)
+        if full[: len(base)] != base:
             raise TemplateDriftError("rendering new messages changed the earlier prefix")
-        return closing + full[self._base_len :]
+        return closing + full[len(base) :]
 
 
 @lru_cache(maxsize=32)

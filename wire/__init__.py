@@ -21,7 +21,19 @@ Example:
 """
 
 from wire.auth import ApiKeyCreate, ApiKeyCreated
-from wire.base import MAX_GROUP_SIZE, MAX_TOKENS_PER_TURN, MAX_TURNS, Input, Int, Message, Seed, Version, Wire
+from wire.base import (
+    MAX_GROUP_SIZE,
+    MAX_TOKENS_PER_TURN,
+    MAX_TURNS,
+    FunctionCall,
+    Input,
+    Int,
+    Message,
+    Seed,
+    ToolCall,
+    Version,
+    Wire,
+)
 from wire.batches import (
     TERMINAL_STATES,
     USABLE_STATES,
@@ -46,15 +58,24 @@ from wire.engines import EngineInfo, EngineRoleUpdate, EngineUpdateResult, Weigh
 from wire.envs import EnvAction, EnvOpen, EnvOpened, EnvStepped, WorkerInfo
 from wire.errors import ApiError, Conflict, ErrorBody, ErrorResponse, NotFound, Overloaded, error_body
 from wire.recording import RecordedStep, RecordedTrajectory, RecordingHeader
-from wire.sessions import ChatCompletionRequest, ChatMessageIn, SessionCreate, SessionCreated, SessionFinish
+from wire.sessions import (
+    ChatCompletionRequest,
+    ChatMessageIn,
+    ResponsesRequest,
+    SessionCreate,
+    SessionCreated,
+    SessionFinish,
+    ToolDef,
+)
 
 __all__ = [
-    "MAX_GROUP_SIZE", "MAX_TOKENS_PER_TURN", "MAX_TURNS", "TERMINAL_STATES", "USABLE_STATES",
-    "ApiError", "ApiKeyCreate", "ApiKeyCreated", "BatchCreated", "BatchState", "BatchStatus", "ChatCompletionRequest",
+    "MAX_GROUP_SIZE", "MAX_TOKENS_PER_TURN", "MAX_TURNS", "TERMINAL_STATES", "USABLE_STATES", "ApiError",
+    "ApiKeyCreate", "ApiKeyCreated", "BatchCreated", "BatchState", "BatchStatus", "ChatCompletionRequest",
     "ChatMessageIn", "Conflict", "EngineInfo", "EngineRoleUpdate", "EngineUpdateResult", "EnvAction", "EnvOpen",
-    "EnvOpened", "EnvStepped", "ErrorBody", "ErrorResponse", "Failure", "FailureKind", "GroupStatus", "Input", "Int",
-    "Message", "NotFound", "Overloaded", "RecordedStep", "RecordedTrajectory", "RecordingHeader", "RolloutRequest", "Sample", "SamplingParams", "Seed", "SessionCreate",
-    "SessionCreated", "SessionFinish", "StateRules", "Trajectory", "TrajectoryEvent", "TrajectoryPage",
-    "TrajectoryState", "Turn", "TurnTimings", "Version", "WeightUpdate", "WeightUpdateResult", "Wire", "WorkerInfo",
-    "error_body",
+    "EnvOpened", "EnvStepped", "ErrorBody", "ErrorResponse", "Failure", "FailureKind", "FunctionCall", "GroupStatus",
+    "Input", "Int", "Message", "NotFound", "Overloaded", "RecordedStep", "RecordedTrajectory", "RecordingHeader",
+    "ResponsesRequest", "RolloutRequest", "Sample",
+    "SamplingParams", "Seed", "SessionCreate", "SessionCreated", "SessionFinish", "StateRules", "ToolCall", "ToolDef",
+    "Trajectory", "TrajectoryEvent", "TrajectoryPage", "TrajectoryState", "Turn", "TurnTimings", "Version",
+    "WeightUpdate", "WeightUpdateResult", "Wire", "WorkerInfo", "error_body",
 ]

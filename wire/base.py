@@ -40,6 +40,21 @@ class Input(Wire):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+class FunctionCall(Wire):
+    name: str = Field(max_length=200)
+    arguments: str = Field(max_length=1_000_000, description="JSON text, exactly as the model wrote it.")
+
+
+class ToolCall(Wire):
+    """A function call an assistant message makes (OpenAI's shape)."""
+
+    id: str = Field(max_length=200)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(Wire):
     role: Literal["system", "user", "assistant", "tool"]
     content: str
+    tool_calls: list[ToolCall] | None = Field(None, description="assistant: the function calls it made")
+    tool_call_id: str | None = Field(None, max_length=200, description="tool: the call this message answers")

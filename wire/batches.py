@@ -135,7 +135,8 @@ class Turn(Wire):
     reward: float = 0.0
     segment: int = Field(0, description="Training sample this turn belongs to (see RolloutRequest.context).")
     tool_failure: str | None = Field(None, description="The env's tool call after this turn failed: timeout, crash, "
-                                                        "... (the model saw it as text; the episode went on).")
+                                                        "... (the model saw it as text; the episode went on). In a "
+                                                        "session: the tool call the model wrote could not be parsed.")
 
 
 class Sample(Wire):

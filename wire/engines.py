@@ -29,6 +29,9 @@ class EngineInfo(Input):
                       description="Which client speaks to it (`rollout_service.engines.kinds`); "
                                   "an engine of a kind a worker does not know is skipped.")
     tokenizer: str = Field("byte", max_length=512, description="'byte' or a local tokenizer folder.")
+    tool_parser: str = Field("hermes", min_length=1, max_length=64, pattern=r"^[a-z0-9_]+$",
+                             description="How the session proxy reads tool calls out of this model's text "
+                                         "(`rollout_service.toolcalls.PARSERS`: hermes, mistral).")
     role: Literal["prefill", "decode", "mixed"] = Field(
         "mixed", description="Which half of a turn it serves (prefill/decode allocation).")
     state: Literal["ready", "draining"] = Field(

@@ -25,6 +25,7 @@ class GenerateRequest:
     sampling: SamplingParams
     request_id: str
     stop_token_ids: list[int] = field(default_factory=list)
+    top_logprobs: int = 0  # alternatives per sampled token to return (0: none)
     # Prefill/decode disaggregation: {"do_remote_decode": True} asks a prefill engine to keep
     # the KV for another engine; what it answers is passed to the decode engine.
     kv_transfer_params: dict | None = None
@@ -40,6 +41,8 @@ class GenerateResult:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     kv_transfer_params: dict | None = None  # from a prefill engine, for the decode engine
+    # With `top_logprobs` asked: per sampled token, the engine's best (id, logprob), best first.
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 class Engine(Protocol):

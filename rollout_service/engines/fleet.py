@@ -111,14 +111,20 @@ class Fleet:
 
     async def tokenizer_for(self, trajectory_id: str) -> tuple[str, Tokenizer]:
         """The tokenizer of the engine a new trajectory will start on."""
+        spec, tok, _ = await self.chat_for(trajectory_id)
+        return spec, tok
+
+    async def chat_for(self, trajectory_id: str) -> tuple[str, Tokenizer, str]:
+        """The tokenizer spec, tokenizer and tool parser name of the engine a trajectory starts on."""
         await self.refresh()
         try:
             eid = self.policy.route(trajectory_id, self._available(None), self._roles)[0]
         except NoEngine as e:
             raise EngineError("no engine registered") from e
         spec = self._engines[eid][1]
+        parser = self._infos[eid].tool_parser if eid in self._infos else "hermes"
         try:
-            return spec, await asyncio.to_thread(load_tokenizer, spec)
+            return spec, await asyncio.to_thread(load_tokenizer, spec), parser
         except Exception as e:  # not a registered name nor a loadable tokenizer folder
             raise EngineError(f"engine {eid}: tokenizer {spec!r} cannot be loaded ({type(e).__name__})") from e
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from rollout_service.engines.base import GenerateRequest, GenerateResult
 from rollout_service.tokens import ByteTokenizer
+from rollout_service.turns import first_stop
 
 
 @dataclass(slots=True)
@@ -64,6 +65,19 @@ def toy_policy(prompt_text: str, rng: random.Random) -> str:
     return f"{thought}. answer: {_OPS[op](a, b)}"
 
 
+def scripted(replies: list[str]):
+    """A policy that answers the k-th assistant turn of a conversation with `replies[k]` (the
+    last one from then on): deterministic replies, tool calls included, for tests and examples.
+
+        SimEngine(policy=scripted(['<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>',
+                                   "The sum is 3."]))
+    """
+    def policy(prompt_text: str, rng: random.Random) -> str:
+        k = prompt_text.count("<|im_start|>assistant") - 1  # the generation prompt is the last one
+        return replies[min(max(k, 0), len(replies) - 1)]
+    return policy
+
+
 class SimEngine:
     """In-process simulated engine. Concurrency-aware: decode slows with more sequences."""
 
@@ -85,16 +99,25 @@ class SimEngine:
         h.update(bytes(str(req.prompt_ids), "ascii"))
         return random.Random(h.digest())
 
-    def sample(self, req: GenerateRequest) -> tuple[list[int], list[float], str]:
+    def sample(self, req: GenerateRequest) -> tuple[list[int], list[float], str, list[list[tuple[int, float]]] | None]:
+        """(ids, logprobs, finish, top_logprobs): the policy's text, stopped as an engine would
+        (on a stop string, the eos, or `max_tokens`, whichever comes first)."""
         rng = self._rng(req)
         text = self.policy(self.tok.decode(req.prompt_ids), rng)
         ids = [*self.tok.encode(text), self.tok.eos_id]
+        hit = first_stop(text, req.sampling.stop)
+        if hit is not None:  # one byte per token: the token completing the stop string is the last
+            ids = ids[: len(text[: hit[1]].encode("utf-8"))]
         finish = "stop"
         if len(ids) > req.sampling.max_tokens:
             ids, finish = ids[: req.sampling.max_tokens], "length"
         scale = max(req.sampling.temperature, 0.05)
         logprobs = [-rng.expovariate(4.0 / scale) for _ in ids]
-        return ids, logprobs, finish
+        top = None
+        if req.top_logprobs:  # the sampled id first, then made-up runners-up, less likely
+            top = [[(i, lp), *(((i + j) % 256, lp - j) for j in range(1, req.top_logprobs))]
+                   for i, lp in zip(ids, logprobs)]
+        return ids, logprobs, finish, top
 
     async def prefill(self, req: GenerateRequest) -> dict:
         """Model a prefill kept for another engine: returns what a decode engine needs."""
@@ -104,7 +127,7 @@ class SimEngine:
         return {"do_remote_prefill": True, "remote_engine_id": self.id, "remote_num_tokens": len(req.prompt_ids)}
 
     async def generate(self, req: GenerateRequest) -> GenerateResult:
-        ids, logprobs, finish = self.sample(req)
+        ids, logprobs, finish, top = self.sample(req)
         self._running += 1
         try:
             remote = (req.kv_transfer_params or {}).get("remote_num_tokens")
@@ -115,7 +138,7 @@ class SimEngine:
                 await asyncio.sleep((prefill + decode) * self.time_scale)
         finally:
             self._running -= 1
-        return GenerateResult(ids, logprobs, finish, self.policy_version, self.id, prefill, decode)
+        return GenerateResult(ids, logprobs, finish, self.policy_version, self.id, prefill, decode, top_logprobs=top)
 
     async def health(self) -> bool:
         return True

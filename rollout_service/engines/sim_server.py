@@ -20,7 +20,7 @@ from rollout_service.engines.base import GenerateRequest
 from rollout_service.engines.sim import CostModel, SimEngine
 from rollout_service.tokens import chat_tokens
 from rollout_service.turns import reply_text
-from wire import ChatCompletionRequest, Message, SamplingParams
+from wire import ChatCompletionRequest, SamplingParams
 
 
 class CompletionRequest(BaseModel):
@@ -33,6 +33,7 @@ class CompletionRequest(BaseModel):
     seed: int | None = None
     logprobs: int | None = None
     return_token_ids: bool = False
+    return_tokens_as_token_ids: bool = False
     stop_token_ids: list[int] = Field(default_factory=list)
     stop: list[str] | None = None
     skip_special_tokens: bool = True
@@ -86,10 +87,11 @@ def create_app(engine: SimEngine, model: str = "sim") -> FastAPI:
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest) -> dict:
         sampling = SamplingParams(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
-                                  max_tokens=min(body.max_tokens, 32_768), seed=body.seed)
+                                  max_tokens=min(body.max_tokens, 32_768), seed=body.seed, stop=(body.stop or [])[:16])
         rid = body.request_id or uuid.uuid4().hex
         await running.wait()  # paused for a weight update: requests wait, as vLLM's mode=keep
-        req = GenerateRequest(body.prompt, sampling, rid, kv_transfer_params=body.kv_transfer_params)
+        req = GenerateRequest(body.prompt, sampling, rid, kv_transfer_params=body.kv_transfer_params,
+                              top_logprobs=min(body.logprobs or 0, 20))
         if (body.kv_transfer_params or {}).get("do_remote_decode"):
             params = await engine.prefill(req)
             stats["prompt_tokens"] += len(body.prompt)
@@ -109,10 +111,14 @@ def create_app(engine: SimEngine, model: str = "sim") -> FastAPI:
             "model": body.model or model,
             "choices": [{
                 "index": 0,
-                "text": engine.tok.decode(res.output_ids),
+                "text": reply_text(engine.tok, res.output_ids, sampling.stop),
                 "token_ids": res.output_ids if body.return_token_ids else None,
                 "prompt_token_ids": body.prompt if body.return_token_ids else None,
-                "logprobs": {"token_logprobs": res.logprobs} if body.logprobs is not None else None,
+                "logprobs": {"token_logprobs": res.logprobs,
+                             "top_logprobs": [{(f"token_id:{i}" if body.return_tokens_as_token_ids
+                                                else engine.tok.decode([i])): lp for i, lp in alts}
+                                              for alts in res.top_logprobs or []] or None}
+                if body.logprobs is not None else None,
                 "finish_reason": res.finish_reason,
             }],
             "usage": {"prompt_tokens": len(body.prompt), "completion_tokens": len(res.output_ids),
@@ -121,7 +127,7 @@ def create_app(engine: SimEngine, model: str = "sim") -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest) -> dict:
-        prompt = chat_tokens(engine.tok).prompt([Message(role=m.role, content=m.content) for m in body.messages])
+        prompt = chat_tokens(engine.tok).prompt([m.to_message() for m in body.messages])
         sampling = SamplingParams(temperature=body.temperature, top_p=body.top_p, max_tokens=body.limit,
                                   seed=body.seed, stop=body.stop_list())
         await running.wait()
@@ -131,7 +137,8 @@ def create_app(engine: SimEngine, model: str = "sim") -> FastAPI:
         stats["prompt_tokens"] += len(prompt)
         return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "model": body.model or model,
                 "choices": [{"index": 0, "logprobs": None,
-                             "message": {"role": "assistant", "content": reply_text(engine.tok, res.output_ids)},
+                             "message": {"role": "assistant",
+                                         "content": reply_text(engine.tok, res.output_ids, sampling.stop)},
                              "finish_reason": res.finish_reason}],
                 "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(res.output_ids),
                           "total_tokens": len(prompt) + len(res.output_ids)}}

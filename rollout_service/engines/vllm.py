@@ -23,6 +23,21 @@ from rollout_service.engines.base import EngineError, EngineLost, GenerateReques
 from wire import EngineInfo
 
 
+def _top_logprobs(raw, k: int, n: int, engine_id: str) -> list[list[tuple[int, float]]] | None:
+    """vLLM's per-token {"token_id:N": logprob} (the sampled token and the k best) as the k
+    best (id, logprob), best first."""
+    if not k:
+        return None
+    try:
+        out = [sorted(((int(t.removeprefix("token_id:")), float(lp)) for t, lp in (d or {}).items()),
+                      key=lambda p: -p[1])[:k] for d in raw]
+    except (TypeError, ValueError, AttributeError) as e:
+        raise EngineError(f"engine {engine_id} gave malformed top_logprobs: {e!r}") from e
+    if len(out) != n:
+        raise EngineError(f"engine {engine_id} returned {n} ids but {len(out)} top_logprobs")
+    return out
+
+
 class VLLMEngine:
     def __init__(self, id: str, url: str, model: str = "default", policy_version: int = 0,
                  client: httpx.AsyncClient | None = None, timeout_s: float = 600.0):
@@ -46,8 +61,9 @@ class VLLMEngine:
             "temperature": s.temperature,
             "top_p": s.top_p,
             "top_k": s.top_k,
-            "logprobs": 1,
+            "logprobs": max(1, req.top_logprobs),
             "return_token_ids": True,
+            "return_tokens_as_token_ids": True,  # top_logprobs keyed "token_id:N": ids, not text
             "skip_special_tokens": False,
             "request_id": req.request_id,
         }
@@ -94,6 +110,7 @@ class VLLMEngine:
             raise EngineError(f"engine {self.id} gave a malformed completion: {e!r}") from e
         if len(lps) != len(ids):
             raise EngineError(f"engine {self.id} returned {len(ids)} ids but {len(lps)} logprobs")
+        top = _top_logprobs(choice["logprobs"].get("top_logprobs"), req.top_logprobs, len(ids), self.id)
         seen = choice.get("prompt_token_ids")
         if seen is not None and list(seen) != req.prompt_ids:
             raise EngineError(f"engine {self.id} saw a different prompt than sent ({len(seen)} vs "
@@ -101,7 +118,7 @@ class VLLMEngine:
         elapsed = time.perf_counter() - t0
         # The HTTP API does not split prefill from decode; attribute all to decode.
         return GenerateResult(ids, lps, choice.get("finish_reason") or "stop", version, self.id, 0.0, elapsed,
-                              kv_transfer_params=body.get("kv_transfer_params"))
+                              kv_transfer_params=body.get("kv_transfer_params"), top_logprobs=top)
 
     async def _admin(self, path: str, **kw) -> None:
         try:

@@ -3,17 +3,22 @@
 
 from __future__ import annotations
 
+import json
 import time
+from collections.abc import AsyncIterator, Iterator
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import StreamingResponse
 
 from rollout_service.auth import Principal
 from rollout_service.engines.base import EngineError
+from rollout_service.routes.batches import SAMPLES
 from rollout_service.routes.deps import principal
-from rollout_service.sessions import SessionClosed, SessionNotFound
+from rollout_service.sessions import Choice, Reply, SessionClosed, SessionNotFound
 from wire import (
     ChatCompletionRequest,
     ErrorResponse,
+    ResponsesRequest,
     SessionCreate,
     SessionCreated,
     SessionFinish,
@@ -41,12 +46,14 @@ async def create(request: Request, body: SessionCreate | None = None, who: Princ
 
 
 @router.get("/{sid}", response_model=Trajectory)
-async def get(request: Request, sid: str, who: Principal = Caller) -> Trajectory:
+async def get(request: Request, sid: str, samples: bool = Query(False, description=SAMPLES),
+              who: Principal = Caller) -> Trajectory:
     """The session so far, as a trajectory: exact token ids, logprobs and masks per call."""
     try:
-        return await request.app.state.sessions.get(sid, _owner(who))
+        traj = await request.app.state.sessions.get(sid, _owner(who))
     except SessionNotFound:
         raise NotFound(f"no session {sid!r}") from None
+    return traj.with_samples() if samples else traj
 
 
 @router.post("/{sid}/finish", response_model=Trajectory)
@@ -59,24 +66,95 @@ async def finish(request: Request, sid: str, body: SessionFinish, who: Principal
 
 
 @router.post("/{sid}/chat/completions", responses={503: {"model": ErrorResponse}})
-async def chat_completions(request: Request, sid: str, body: ChatCompletionRequest, who: Principal = Caller) -> dict:
-    """OpenAI's chat completion, served with token-in/token-out underneath."""
+async def chat_completions(request: Request, sid: str, body: ChatCompletionRequest, who: Principal = Caller):
+    """OpenAI's chat completion, served with token-in/token-out underneath; with `stream`,
+    as server-sent chunks (the reply is sampled and recorded first, so a stream and a plain
+    answer record the same trajectory)."""
+    reply = await _complete(request, sid, who, body)
+    head = {"id": f"chatcmpl-{sid}-{int(time.time() * 1000)}", "created": int(time.time()), "model": body.model}
+    usage = {"prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens,
+             "total_tokens": reply.prompt_tokens + reply.completion_tokens}
+    if body.stream:
+        with_usage = bool(body.stream_options and body.stream_options.include_usage)
+        events = (f"data: {json.dumps(c)}\n\n" for c in chunks(head, reply, usage if with_usage else None))
+        return StreamingResponse(_then_done(events), media_type="text/event-stream")
+    return {**head, "object": "chat.completion",
+            "choices": [{"index": k, "message": _message(c), "finish_reason": c.finish_reason,
+                         "logprobs": None if c.logprobs is None else {"content": c.logprobs, "refusal": None}}
+                        for k, c in enumerate(reply.choices)],
+            "usage": usage}
+
+
+@router.post("/{sid}/responses", responses={503: {"model": ErrorResponse}})
+async def responses(request: Request, sid: str, body: ResponsesRequest, who: Principal = Caller) -> dict:
+    """OpenAI's Responses API, for text and function calls: served as the chat completion it
+    means, recorded the same way. The whole input each call (no `previous_response_id`)."""
+    chat = body.chat
+    reply = await _complete(request, sid, who, chat)
+    (c,) = reply.choices
+    stamp = int(time.time() * 1000)
+    output: list[dict] = []
+    if c.content or not c.tool_calls:
+        output.append({"type": "message", "id": f"msg_{sid[2:]}_{stamp}", "role": "assistant", "status": "completed",
+                       "content": [{"type": "output_text", "text": c.content or "", "annotations": [],
+                                    "logprobs": []}]})
+    output += [{"type": "function_call", "id": f"fc_{t.id}", "call_id": t.id, "name": t.function.name,
+                "arguments": t.function.arguments, "status": "completed"} for t in c.tool_calls]
+    cut = c.finish_reason == "length"
+    return {"id": f"resp_{sid[2:]}_{stamp}", "object": "response", "created_at": time.time(), "model": body.model,
+            "status": "incomplete" if cut else "completed",
+            "incomplete_details": {"reason": "max_output_tokens"} if cut else None, "error": None,
+            "instructions": body.instructions, "output": output,
+            "parallel_tool_calls": body.parallel_tool_calls is not False, "tool_choice": chat.tool_choice or "auto",
+            "tools": [t.model_dump(exclude_none=True) for t in body.tools or []],
+            "temperature": body.temperature, "top_p": body.top_p,
+            "max_output_tokens": body.max_output_tokens,
+            "usage": {"input_tokens": reply.prompt_tokens, "output_tokens": reply.completion_tokens,
+                      "total_tokens": reply.prompt_tokens + reply.completion_tokens,
+                      "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}}
+
+
+async def _complete(request: Request, sid: str, who: Principal, body: ChatCompletionRequest) -> Reply:
     try:
-        reply = await request.app.state.sessions.complete(sid, _owner(who), body)
+        return await request.app.state.sessions.complete(sid, _owner(who), body)
     except SessionNotFound:
         raise NotFound(f"no session {sid!r}") from None
     except SessionClosed as e:
         raise Conflict(str(e)) from None
     except EngineError as e:
         raise EngineUnavailable(str(e)) from None
-    return {
-        "id": f"chatcmpl-{sid}-{int(time.time() * 1000)}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": body.model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": reply.text},
-                     "finish_reason": reply.finish_reason if reply.finish_reason in ("stop", "length") else "stop",
-                     "logprobs": None}],
-        "usage": {"prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens,
-                  "total_tokens": reply.prompt_tokens + reply.completion_tokens},
-    }
+
+
+def _message(c: Choice) -> dict:
+    msg: dict = {"role": "assistant", "content": c.content}
+    if c.tool_calls:
+        msg["tool_calls"] = [t.model_dump() for t in c.tool_calls]
+    return msg
+
+
+def chunks(head: dict, reply: Reply, usage: dict | None) -> Iterator[dict]:
+    """OpenAI's `chat.completion.chunk`s of a reply: per choice, the role, one content delta
+    per sampled token (with its logprobs when asked), the tool calls, then the finish; last,
+    with `usage`, a chunk with no choices that carries it."""
+    def chunk(k: int, delta: dict, logprobs: list | None = None, finish: str | None = None) -> dict:
+        return {**head, "object": "chat.completion.chunk",
+                "choices": [{"index": k, "delta": delta, "finish_reason": finish,
+                             "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None}}]}
+
+    for k, c in enumerate(reply.choices):
+        yield chunk(k, {"role": "assistant", "content": ""})
+        for j, piece in enumerate(c.pieces):
+            lp = None if c.logprobs is None else c.logprobs[j: j + 1]
+            if piece or lp:
+                yield chunk(k, {"content": piece} if piece else {}, lp)
+        for i, call in enumerate(c.tool_calls):
+            yield chunk(k, {"tool_calls": [{"index": i, **call.model_dump()}]})
+        yield chunk(k, {}, finish=c.finish_reason)
+    if usage is not None:
+        yield {**head, "object": "chat.completion.chunk", "choices": [], "usage": usage}
+
+
+async def _then_done(events: Iterator[str]) -> AsyncIterator[str]:
+    for e in events:
+        yield e
+    yield "data: [DONE]\n\n"

@@ -68,17 +68,46 @@ def test_openai_client_turns_become_an_exact_trajectory(gateway, engine):
         client.chat.completions.create(model="sim", messages=history)
 
 
-def test_unsupported_features_are_clear_4xx(gateway, engine):
+def test_unsupported_fields_are_422_naming_them(gateway, engine):
     _, client = session(gateway)
     msgs = [{"role": "user", "content": "hi"}]
-    with pytest.raises(openai.UnprocessableEntityError):
-        client.chat.completions.create(model="sim", messages=msgs, stream=True)
-    with pytest.raises(openai.UnprocessableEntityError):
-        client.chat.completions.create(model="sim", messages=msgs, tools=[{"type": "function", "function": {
-            "name": "f", "parameters": {"type": "object", "properties": {}}}}])
+    cases = [({"logit_bias": {"1": 5}}, "logit_bias"), ({"frequency_penalty": 0.5}, "frequency_penalty"),
+             ({"response_format": {"type": "json_object"}}, "response_format"),
+             ({"tool_choice": "required", "tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
+             ({"audio": {"voice": "x", "format": "wav"}}, "audio")]
+    for extra, field in cases:
+        with pytest.raises(openai.UnprocessableEntityError) as e:
+            client.chat.completions.create(model="sim", messages=msgs, extra_body=extra)
+        message = e.value.body["message"]
+        assert field in message and "not supported" in message, message
+    with pytest.raises(openai.UnprocessableEntityError) as e:
+        client.chat.completions.create(model="sim", messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:,"}}]}])
+    assert "'image_url' is not supported" in e.value.body["message"]
+    # neutral values and fields that change nothing sampled pass
+    ok = client.chat.completions.create(model="sim", messages=msgs, frequency_penalty=0, store=True, user="u",
+                                        metadata={"k": "v"}, parallel_tool_calls=True)
+    assert ok.choices[0].message.content == "Hello! I can help."
     missing = openai.OpenAI(base_url=f"{gateway.url}/v1/sessions/s-nope", api_key="x", max_retries=0)
     with pytest.raises(openai.NotFoundError):
         missing.chat.completions.create(model="sim", messages=msgs)
+
+
+def test_text_parts_null_content_and_tool_messages_are_accepted(gateway, engine):
+    sid, client = session(gateway)
+    r = client.chat.completions.create(model="sim", messages=[
+        {"role": "developer", "content": [{"type": "text", "text": "Be terse."}, {"type": "text", "text": "Really."}]},
+        {"role": "user", "content": "add 2 and 3"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "5"}])
+    assert r.choices[0].message.content == "Hello! I can help."
+    prompt = engine.tok.decode(engine.prompts[0])
+    # no tools offered: earlier calls are still rendered, in the fallback (hermes) format
+    assert "system\nBe terse.\nReally." in prompt and '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}' \
+        in prompt and "<|im_start|>tool\n5<|im_end|>" in prompt
+    traj = httpx.get(f"{gateway.url}/v1/sessions/{sid}").json()
+    assert traj["messages"][2]["tool_calls"][0]["id"] == "call_1" and traj["messages"][3]["tool_call_id"] == "call_1"
 
 
 def test_no_engine_is_503(gateway):
