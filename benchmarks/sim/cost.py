@@ -8,9 +8,10 @@ composes its step time from:
   the GPU's fitted figures (`hardware.H200`, from `data/h200/steps.jsonl`);
 - for tp > 1, two all-reduces per layer of the step's activations (`AllReduce`, NCCL's figures);
 - for a MoE group: the expert layers of one GPU over the tokens routed to it (`hardware.Experts`,
-  from `data/h200/moe.jsonl`), a dispatch and a combine per layer (`AllToAll`, DeepEP's figures),
-  and the **DP-attention barrier**: every rank waits at each layer's all-to-all for the slowest,
-  so a step takes the rank with the prefill chunk (the decode batch is spread evenly);
+  from `data/h200/moe.jsonl`), a dispatch and a combine per layer (`AllToAll`, DeepEP's and
+  pplx-kernels' figures), and the **DP-attention barrier**: every rank waits at each layer's
+  all-to-all for the slowest, so a step takes the rank with the prefill chunk (the decode batch
+  is spread evenly);
 - KV hand-over between engines: `KVLink` (a fixed cost, a cost per piece — one 16-token block of
   one layer's K or V — and bytes over the link's bandwidth).
 
