@@ -8,9 +8,10 @@ composes its step time from:
   the GPU's fitted figures (`hardware.H200`, from `data/h200/steps.jsonl`);
 - for tp > 1, two all-reduces per layer of the step's activations (`AllReduce`, NCCL's figures);
 - for a MoE group: the expert layers of one GPU over the tokens routed to it (`hardware.Experts`,
-  from `data/h200/moe.jsonl`), a dispatch and a combine per layer (`AllToAll`, DeepEP's figures),
-  and the **DP-attention barrier**: every rank waits at each layer's all-to-all for the slowest,
-  so a step takes the rank with the prefill chunk (the decode batch is spread evenly);
+  from `data/h200/moe.jsonl`), a dispatch and a combine per layer (`AllToAll`, DeepEP's and
+  pplx-kernels' figures), and the **DP-attention barrier**: every rank waits at each layer's
+  all-to-all for the slowest, so a step takes the rank with the prefill chunk (the decode batch
+  is spread evenly);
 - KV hand-over between engines: `KVLink` (a fixed cost, a cost per piece — one 16-token block of
   one layer's K or V — and bytes over the link's bandwidth).
 
@@ -66,13 +67,16 @@ class AllReduce:
 
 @dataclass(slots=True, frozen=True)
 class AllToAll:
-    """MoE dispatch (FP8) + combine (BF16) per layer over NVLink. DeepEP reaches 96% of the link
-    (V1 on H800, docs/legacy.md: 153/158 GB/s of ~160 GB/s at EP8) and 81% (V2 on B200, README:
-    726/740 of 900 GB/s); we take 80% of the H200's 450 GB/s a direction."""
+    """MoE dispatch (FP8) + combine (BF16) per layer over NVLink. Bandwidth: DeepEP reaches 96% of
+    the link (V1 on H800, docs/legacy.md: 153/158 GB/s of ~160 GB/s at EP8) and 81% (V2 on B200,
+    README: 726/740 of 900 GB/s); we take 80% of the H200's 450 GB/s a direction. Per call:
+    pplx-kernels' EP8 NVLink kernels (README, "Benchmark Results") take 41.6 µs to dispatch and
+    41.7 µs to combine 1 token a GPU, 83.6 / 102.3 µs for 128; the line through the two points
+    leaves 41.3 / 41.2 µs at zero tokens (derivation in benchmarks/sim/README.md)."""
 
     dispatch_bw: float = 360e9
     combine_bw: float = 360e9
-    latency_s: float = 10e-6  # per call; assumed, near NCCL's 8-rank NVLink LL latency (3.6 + 14·0.47 µs)
+    latency_s: float = 41e-6  # per call (dispatch or combine), pplx-kernels EP8 over NVLink
 
     def time(self, tokens: float, hidden: int, top_k: int) -> float:
         if tokens <= 0:
@@ -107,10 +111,13 @@ class KVLink:
 # data/h200/copies.jsonl: 55.4 GB/s host<->device for 1 GiB; one 512 MiB context as 1,024 pieces
 # takes 12.26 ms against 9.70 ms as one, 2.5 µs per extra piece (64 pieces: 2.7 µs).
 HOST_TIER = KVLink("host", bytes_per_s=55.4e9, per_piece_s=2.5e-6, fixed_s=17e-6)  # fixed: a 64 KiB copy
-# GPU to GPU between nodes: one 400 Gb/s ConnectX-7 port per GPU (NVIDIA DGX H200 datasheet) = 50
-# GB/s; per piece the measured copy cost above (the only per-piece figure we have); fixed: one
-# notification round trip plus the decode engine noticing it, assumed 0.5 ms.
-RDMA = KVLink("rdma", bytes_per_s=50e9, per_piece_s=2.5e-6, fixed_s=0.5e-3)
+# GPU to GPU between nodes (derivations in benchmarks/sim/README.md): one 400 Gb/s ConnectX-7 port
+# per GPU (NVIDIA DGX H200 datasheet) = 50 GB/s. Per piece (one RDMA descriptor): 0.7 µs, from
+# vLLM PR #53825 on two H200 nodes (Mooncake over 400 Gb/s RDMA): the same 16k-token KV took
+# 5.2 ms as 4,563 descriptors a rank and 2.1 ms as ~70, 3.1 ms / 4,493 descriptors. Fixed: 1.3 ms,
+# from vLLM's NIXL connector (`Avg xfer time`, posting to completion seen by the decode worker):
+# 1.381 ms for 2.25 MB in 72 descriptors (vLLM issue #41230), less bytes and descriptors.
+RDMA = KVLink("rdma", bytes_per_s=50e9, per_piece_s=0.7e-6, fixed_s=1.3e-3)
 
 
 @lru_cache(maxsize=1)
@@ -165,9 +172,9 @@ class ClusterCost:
     # Role switch. Default: the service's mechanism today (scheduler/roles.py): every engine runs
     # kv_both, a role is a routing decision, so a switch is instant and keeps the cache; in-flight
     # work finishes where it is. `restart_switch()`: an engine re-launched in its new role drains
-    # first, then re-captures CUDA graphs (assumed 10 s, not measured here: vLLM logs "Graph
-    # capturing finished in 5-20 secs" for 8B-70B models at default capture sizes) with an empty
-    # prefix cache.
+    # first, then re-captures CUDA graphs with an empty prefix cache. 10 s: vLLM's own logs show a
+    # capture of 14 s (35 decode shapes, vLLM PR #11349) and of ~6 s (51 mixed + 35 decode shapes
+    # at ~15 a second, PR #46389); model loading and compilation are not counted (see the README).
     switch_s: float = 0.0
     flush_on_switch: bool = False
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.sim.cost import HOST_TIER, PRESETS, RDMA, AllReduce, ClusterCost, KVLink
+from benchmarks.sim.cost import HOST_TIER, PRESETS, RDMA, AllReduce, AllToAll, ClusterCost, KVLink
 from benchmarks.sim.hardware import H200
 from benchmarks.sim.shape import LLAMA3_8B, QWEN3_30B_A3B_ATTN, QWEN25_32B, Shape
 
@@ -88,6 +88,15 @@ def test_all_reduce_follows_nccl_latency_for_small_and_bandwidth_for_large_messa
     assert ar.time(big, 1) == 0.0
 
 
+def test_all_to_all_per_call_cost_is_the_cited_one_token_latency():
+    a2a = AllToAll()
+    # pplx-kernels, EP8 over NVLink, hidden 7168, top-8: dispatch 41.6 µs + combine 41.7 µs at 1 token a GPU
+    assert a2a.time(1, 7168, 8) == pytest.approx(41.6e-6 + 41.7e-6, rel=0.02)
+    assert a2a.time(1, 7168, 8) - 2 * a2a.latency_s < 1e-6  # one token is all latency ...
+    assert a2a.time(2048, 2048, 8) > 2 * (2 * a2a.latency_s)  # ... a 2,048-token chunk mostly bytes
+    assert a2a.time(0, 7168, 8) == 0.0
+
+
 def test_one_rank_prefilling_stalls_the_whole_dp_attention_group():
     moe = PRESETS["qwen3-30b-a3b-dp8ep8"]()
     decode = moe.step_time(256, 256 * 2048)
@@ -112,7 +121,12 @@ def test_many_small_kv_pieces_cost_more_than_one():
         if r["kind"] == "pieces" and r["pieces"] <= 1024:
             assert HOST_TIER.move_s(r["bytes"], r["pieces"]) * 1e3 == pytest.approx(r["h2d_ms"], rel=0.03)
     coarse = KVLink("coarse", RDMA.bytes_per_s, RDMA.per_piece_s, RDMA.fixed_s, block_tokens=4096)
-    assert RDMA.time(4096, LLAMA3_8B) > 3 * coarse.time(4096, LLAMA3_8B)  # 16k pieces of 32 KiB vs 64
+    fine, few = RDMA.time(4096, LLAMA3_8B), coarse.time(4096, LLAMA3_8B)  # 16k pieces of 32 KiB vs 64
+    assert fine - few == pytest.approx((16384 - 64) * RDMA.per_piece_s) and fine > 1.5 * few
+    # the network's per-piece cost is its own (vLLM PR #53825, H200 + 400 Gb/s RDMA: the same KV took
+    # 5.2 ms as 4,563 descriptors and 2.1 ms as ~70), not the copy engine's
+    assert RDMA.move_s(nbytes, 4563) - RDMA.move_s(nbytes, 70) == pytest.approx(5.2e-3 - 2.1e-3, rel=0.05)
+    assert RDMA.per_piece_s < HOST_TIER.per_piece_s
 
 
 def test_kv_capacity_is_what_the_weights_leave_of_the_gpu():
