@@ -78,6 +78,7 @@ class AllocatorConfig:
     # flight work finishes where it is); a move to prefill still drains the engine's decodes first,
     # or they would crawl at the prefill engine's step pace.
     routing_only: bool = False
+    drain_idle: float = 0.5  # the share of a draining engine's time lost (its batch empties as sequences end)
 
 
 @dataclass(slots=True)
@@ -247,7 +248,9 @@ class Allocator:
                 if not self._serves(gives, wants, drains, now_moves):
                     continue
             # engine-seconds lost to draining and flipping, and to rebuilding stranded prefix caches
-            cost = sum((c if dr else 0.0) + cfg.switch_s for (c, _, _), dr in zip(gives, drains))
+            # a draining engine keeps decoding what it holds: its batch empties as the sequences
+            # end, so on average about half its slots stand idle while it drains
+            cost = sum((cfg.drain_idle * c if dr else 0.0) + cfg.switch_s for (c, _, _), dr in zip(gives, drains))
             if cached:
                 rate = self.capacity.prefill_rate(d.mean_context)
                 cost += sum(cached.get(e, 0.0) / rate for (_, e, old), new in zip(gives, wants)

@@ -121,6 +121,16 @@ def test_a_move_that_costs_next_to_nothing_needs_no_confirming():
     assert strict.allocate(PREFILL_HEAVY, {e: 0.01 for e in IDS}, now=60.0) == []
 
 
+def test_a_draining_engine_is_charged_the_share_of_its_time_it_idles():
+    """Draining, an engine keeps decoding what it holds while its batch empties: charged the idle
+    share (`drain_idle`) of its drain time, a move that pays against that goes; charged the whole
+    drain time as lost, the same move does not."""
+    drain = {e: 12.0 for e in IDS}
+    half = Allocator(IDS, additive(), AllocatorConfig(confirm=1, drain_idle=0.5))
+    whole = Allocator(IDS, additive(), AllocatorConfig(confirm=1, drain_idle=1.0))
+    assert half.allocate(PREFILL_HEAVY, drain, now=60.0) != [] and whole.allocate(PREFILL_HEAVY, drain, now=60.0) == []
+
+
 def test_the_flip_time_weighs_against_a_move():
     cheap = Allocator(IDS, additive(), AllocatorConfig(confirm=1, switch_s=1.0))
     dear = Allocator(IDS, additive(), AllocatorConfig(confirm=1, switch_s=1e4))
