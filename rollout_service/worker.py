@@ -164,6 +164,11 @@ class Worker:
         delay = min(0.25 * 2 ** claim.restarts, 5.0)  # let a restarting engine or env worker come back
         await self._write(claim, "restart", lambda: self.queue.restart(claim, delay_s=delay))
 
+    async def _append_turn(self, claim: Claim, turn) -> None:
+        """Record a finished turn durably; LeaseLost when another worker owns the trajectory.
+        Redis away for a whole lease: the turn stays only in memory (the reaper owns it by then)."""
+        await self._write(claim, "turn", lambda: self.queue.append_turn(claim, turn))
+
     async def _heartbeat(self, claim: Claim) -> bool:
         """True to go on, False when the batch was cancelled; LeaseLost when taken over. A
         Redis outage is ridden out: the episode keeps running meanwhile."""
@@ -185,7 +190,7 @@ class Worker:
                 claim, _failed_stub(claim, FailureKind.internal, f"cannot load: {e!r}")))
             return
         episode = asyncio.create_task(run_episode(work, self.fleet, self.envs, claim.attempt, self.lifecycle,
-                                                  claim.restarts))
+                                                  claim.restarts, lambda turn: self._append_turn(claim, turn)))
         cancelled = False
         try:
             while not episode.done():
@@ -210,6 +215,9 @@ class Worker:
                 raise
             traj = _failed_stub(claim, FailureKind.cancelled, "batch cancelled", work)
             traj.state = TrajectoryState.cancelled
+        except LeaseLost:  # a turn could not be recorded: another worker owns the trajectory now
+            log.warning("lease lost; dropping the episode", extra={"trajectory_id": claim.trajectory_id})
+            return
         except LOST as e:
             kind = FailureKind.engine if isinstance(e, EngineLost) else \
                 FailureKind.env if isinstance(e, EnvWorkerLost) else FailureKind.internal

@@ -8,6 +8,7 @@
     {p}batch:{bid}:trajs          list   trajectory ids in submission order
     {p}batch:{bid}:events         stream one entry per trajectory reaching a terminal state
     {p}traj:{tid}                 hash   state, spec json, attempts (charged), restarts (ours), lease token, result json
+    {p}traj:{tid}:turns           list   the running attempt's finished turns (Turn json), until its result is written
     {p}idem:{key}                 string batch id for an idempotency key
     {p}engines                    hash   engine id -> EngineInfo json
     {p}engine:{id}:load           hash   worker id -> "tokens@unix time" it has in flight on that engine (TTL)
@@ -75,6 +76,9 @@ class Keys:
 
     def traj(self, tid: str) -> str:
         return f"{self.prefix}traj:{tid}"
+
+    def traj_turns(self, tid: str) -> str:
+        return f"{self.prefix}traj:{tid}:turns"
 
     def idem(self, key: str) -> str:
         return f"{self.prefix}idem:{key}"
