@@ -2,8 +2,10 @@
 
 Each claimed trajectory runs as its own task beside a heartbeat that extends its lease.
 The heartbeat also carries cancellation: when the batch is cancelled the episode is
-cancelled and recorded as such. If the lease is lost (this worker stalled past its TTL and
-another took over), the episode is dropped without writing: the first result wins.
+cancelled and recorded as such. Each turn is recorded under the lease as it finishes
+(`Queue.append_turn`), so a crash loses at most the turn in progress. If the lease is lost
+(this worker stalled past its TTL and another took over), the episode is dropped without
+writing: the first result wins.
 
 Infrastructure failures (engine, env, internal) are given back to the queue while the
 trajectory has attempts left; after that they are recorded as failed with their kind.

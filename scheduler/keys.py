@@ -15,7 +15,8 @@
     {p}engine:{id}:down           string present while a worker's probe finds the engine down (TTL)
     {p}workers                    hash   env worker id -> WorkerInfo json
     {p}worker:{id}:alive          string present while the env worker heartbeats (TTL)
-    {p}stats                      hash   counters: finished:{state}, failure:{kind}, tokens:{kind}, attempts, restarts
+    {p}stats                      hash   counters: finished:{state}, failure:{kind}, tokens:{kind}, attempts, restarts,
+                                         prefill:{bucket}, prefill_sum_us (per-turn prefill histogram)
     {p}restarts                   hash   component -> times its supervisor (`rollout up`) restarted it
     {p}up:{name}                  string set by `rollout up` when it registers engine {name}; gone = Redis lost data
     {p}worker:{id}:phases         hash   a rollout worker's live trajectories by phase + forecast (TTL)

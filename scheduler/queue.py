@@ -245,6 +245,11 @@ return n + 1
 """
 
 
+# Upper bounds (s) of the per-turn prefill histogram, counted in `{p}stats` as `prefill:{bound}`
+# (and `prefill:inf`) when a trajectory completes; `rollout_service.metrics` exports it.
+PREFILL_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
 @dataclass(slots=True)
 class Claim:
     """A leased trajectory. `token` proves ownership to every later call."""
@@ -345,6 +350,10 @@ class Queue:
             pipe = self.r.pipeline(transaction=False)
             pipe.hincrby(self.k.stats, "tokens:sampled", sum(len(t.output_ids) for t in traj.turns))
             pipe.hincrby(self.k.stats, "tokens:prompt", sum(len(t.prompt_ids) for t in traj.turns))
+            for t in traj.turns:  # the prefill histogram: one bucket per turn, and the sum
+                s = t.timings.prefill_s
+                pipe.hincrby(self.k.stats, f"prefill:{next((b for b in PREFILL_BUCKETS_S if s <= b), 'inf')}", 1)
+                pipe.hincrby(self.k.stats, "prefill_sum_us", round(s * 1e6))
             await pipe.execute()
         return bool(got)
 

@@ -411,6 +411,7 @@
           ? Object.entries(failures).map(([k, n]) => `${k} ${n}`).join(", ") : "none"),
         stat("turns / traj", num(mean(fin.map((t) => t.turns.length)), 2)),
         stat("sampled tokens", turns.reduce((n, t) => n + t.output_ids.length, 0).toLocaleString()),
+        stat("prefill / turn", secs(mean(turns.map((t) => t.timings.prefill_s))), "time to first token, mean over turns"),
         stat("decode / turn", secs(mean(turns.map((t) => t.timings.decode_s)))),
         stat("engines", engines.size ? [...engines].join(", ") : "–"),
         stat("policy versions", versions.length ? versions.map((v) => `v${v}`).join(", ") : "–"));

@@ -260,6 +260,8 @@ def serve_command(
         # parameter the service does not send must mean vLLM's neutral default.
         "--generation-config", "vllm",
         "--seed", "0",
+        # Each completion carries its time to first token: the turn's prefill time.
+        "--enable-per-request-metrics",
     ]
     if not chunked_prefill:
         # A seeded request's prefill split over two steps makes vLLM rewind its torch
