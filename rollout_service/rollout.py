@@ -48,8 +48,9 @@ async def run_episode(work: Work, fleet: Fleet, envs: EnvBackend, attempt: int =
                       lifecycle: Lifecycle | None = None, restarts: int = 0,
                       on_turn: OnTurn | None = None) -> Trajectory:
     """`lifecycle`, when given, is told every phase change (prefill, tool, done) for the
-    scheduler's forecaster; `on_turn`, every turn once its env step is done. Seeds depend only on the task and turn, never on `attempt` or
-    `restarts`: a restarted episode replays the same seeds."""
+    scheduler's forecaster; `on_turn`, every turn once its env step is done. Seeds depend only
+    on the task and turn, never on `attempt` or `restarts`: a restarted episode replays the
+    same seeds."""
     p = work.params
     traj = Trajectory(id=work.trajectory_id, batch_id=work.batch_id, group_index=work.group_index,
                       sample_index=work.sample_index, env=p.env, task=work.task, state=TrajectoryState.running,

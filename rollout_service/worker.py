@@ -35,7 +35,7 @@ from scheduler.keys import batch_of
 from scheduler.lifecycle import Lifecycle
 from scheduler.queue import Claim, LeaseLost, Queue
 from scheduler.store import Store
-from wire import Failure, FailureKind, Trajectory, TrajectoryState
+from wire import Failure, FailureKind, Trajectory, TrajectoryState, Turn
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +166,7 @@ class Worker:
         delay = min(0.25 * 2 ** claim.restarts, 5.0)  # let a restarting engine or env worker come back
         await self._write(claim, "restart", lambda: self.queue.restart(claim, delay_s=delay))
 
-    async def _append_turn(self, claim: Claim, turn) -> None:
+    async def _append_turn(self, claim: Claim, turn: Turn) -> None:
         """Record a finished turn durably; LeaseLost when another worker owns the trajectory.
         Redis away for a whole lease: the turn stays only in memory (the reaper owns it by then)."""
         await self._write(claim, "turn", lambda: self.queue.append_turn(claim, turn))
