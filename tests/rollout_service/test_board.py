@@ -240,7 +240,8 @@ def test_a_running_trajectory_shows_each_turn_as_it_finishes(gateway, settings, 
     engine = SimEngine("sim-turns", time_scale=15.0, policy=always_calc)
     with RunningWorker(settings, engines={"sim-turns": (engine, "byte")}):
         seen = browser.wait(f"const r = {row}; const n = r && r.querySelectorAll('.track .turn').length;"
-                            "return r && r.dataset.state === 'running' && n > 0 && [n, r.querySelector('.turns-n').textContent,"
+                            "return r && r.dataset.state === 'running' && n > 0"
+                            " && [n, r.querySelector('.turns-n').textContent,"
                             " r.querySelectorAll('.track .turn .ph-prefill').length]",
                             timeout=30, what="a turn of the running trajectory")
         assert seen[2] == seen[0]  # each turn's bar shows its prefill (time to first token)
