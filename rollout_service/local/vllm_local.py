@@ -311,8 +311,8 @@ def ensure_nixl(progress: Progress = print) -> None:
     """Install `nixl` (KV transfer for prefill/decode disaggregation) into the venv, once."""
     py = ensure_venv(progress)
     if subprocess.run([str(py), "-c", "import nixl"], capture_output=True).returncode != 0:
-        _run([*_pip_install(py.parent.parent), "--no-deps", NIXL_SPEC], progress)  # not both CUDA builds
-        _run([*_pip_install(py.parent.parent), NIXL_BACKEND], progress)
+        # --no-deps: not both CUDA builds (the backend's own deps, torch and numpy, are in already)
+        _run([*_pip_install(py.parent.parent), "--no-deps", NIXL_SPEC, NIXL_BACKEND], progress)
 
 
 def _pip_install(venv: Path) -> list[str]:
