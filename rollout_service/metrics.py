@@ -5,6 +5,7 @@ number of gateways report the same truth; counters of finished work live in Redi
     rollout_trajectories_finished_total{state}                  counter
     rollout_failures_total{kind}                                counter
     rollout_tokens_total{kind="sampled"|"prompt"}               counter (rate() = tokens/s)
+    rollout_turn_prefill_seconds                                histogram: time to first token per turn
     rollout_engine_inflight_tokens{engine,role}, rollout_engine_up{engine,role}
     rollout_trajectory_phase{phase}, rollout_forecast_tokens{kind="prefill_tokens"|"decode_tokens"}
     rollout_resource_pool{kind,state}                             env workers' sandbox pools
@@ -19,9 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from scheduler.queue import Queue
+from scheduler.queue import PREFILL_BUCKETS_S, Queue
 from scheduler.registry import Registry
 
 
@@ -57,6 +58,13 @@ class _RedisCollector:
             if what in fams:
                 fams[what].add_metric([label], n)
         yield from fams.values()
+        cumulative, buckets = 0, []
+        for bound in (*PREFILL_BUCKETS_S, "inf"):
+            cumulative += s.stats.get(f"prefill:{bound}", 0)
+            buckets.append(("+Inf" if bound == "inf" else str(bound), cumulative))
+        yield HistogramMetricFamily("rollout_turn_prefill_seconds", "Time to first token of each turn of "
+                                    "finished trajectories", buckets=buckets,
+                                    sum_value=s.stats.get("prefill_sum_us", 0) / 1e6)
         yield CounterMetricFamily("rollout_trajectory_restarts", "Episodes restarted because a peer was lost "
                                   "(engine, env worker, rollout worker or Redis); never charged",
                                   value=s.stats.get("restarts", 0))

@@ -7,6 +7,9 @@ until the environment ends the episode (completed / truncated) or a limit hits
 (max_turns, max_total_tokens: truncated). The sampled ids are kept exactly as sampled;
 text is decoded from them only to hand the action to the environment.
 
+Each turn is handed to `on_turn` as it finishes (its env step done), so the worker can record
+it durably while the episode goes on.
+
 Failures are data: an engine or env error ends the episode as `failed` with a kind, with
 the turns done so far; the worker decides whether to retry it. Losing a peer process (an
 engine or env worker unreachable, `EngineLost`/`EnvWorkerLost`) or Redis is not the
@@ -18,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from collections.abc import Awaitable, Callable
 
 from env_workers.client import EnvBackend, EnvRejected, EnvUnavailable, EnvWorkerLost
 from env_workers.env import SandboxUnavailable
@@ -27,7 +31,9 @@ from rollout_service.tokens import TemplateDriftError, chat_tokens
 from rollout_service.turns import record_turn
 from scheduler.lifecycle import Lifecycle
 from scheduler.store import Work
-from wire import Failure, FailureKind, Message, Trajectory, TrajectoryState
+from wire import Failure, FailureKind, Message, Trajectory, TrajectoryState, Turn
+
+OnTurn = Callable[[Turn], Awaitable[None]]
 
 
 def turn_seed(base: int | None, group_index: int, sample_index: int, turn: int) -> int | None:
@@ -45,10 +51,12 @@ def env_seed(sample_index: int) -> int:
 
 
 async def run_episode(work: Work, fleet: Fleet, envs: EnvBackend, attempt: int = 1,
-                      lifecycle: Lifecycle | None = None, restarts: int = 0) -> Trajectory:
+                      lifecycle: Lifecycle | None = None, restarts: int = 0,
+                      on_turn: OnTurn | None = None) -> Trajectory:
     """`lifecycle`, when given, is told every phase change (prefill, tool, done) for the
-    scheduler's forecaster. Seeds depend only on the task and turn, never on `attempt` or
-    `restarts`: a restarted episode replays the same seeds."""
+    scheduler's forecaster; `on_turn`, every turn once its env step is done. Seeds depend only
+    on the task and turn, never on `attempt` or `restarts`: a restarted episode replays the
+    same seeds."""
     p = work.params
     traj = Trajectory(id=work.trajectory_id, batch_id=work.batch_id, group_index=work.group_index,
                       sample_index=work.sample_index, env=p.env, task=work.task, state=TrajectoryState.running,
@@ -58,9 +66,9 @@ async def run_episode(work: Work, fleet: Fleet, envs: EnvBackend, attempt: int =
     try:
         if p.deadline_s is not None:
             async with asyncio.timeout(p.deadline_s):
-                await _loop(traj, work, fleet, envs, f"{attempt}.{restarts}", lc)
+                await _loop(traj, work, fleet, envs, f"{attempt}.{restarts}", lc, on_turn)
         else:
-            await _loop(traj, work, fleet, envs, f"{attempt}.{restarts}", lc)
+            await _loop(traj, work, fleet, envs, f"{attempt}.{restarts}", lc, on_turn)
     except TimeoutError:
         traj.state, traj.failure = TrajectoryState.failed, Failure(
             kind=FailureKind.timeout, message=f"deadline of {p.deadline_s}s active time exceeded")
@@ -87,7 +95,7 @@ async def run_episode(work: Work, fleet: Fleet, envs: EnvBackend, attempt: int =
 
 
 async def _loop(traj: Trajectory, work: Work, fleet: Fleet, envs: EnvBackend, attempt: str,
-                lc: Lifecycle) -> None:
+                lc: Lifecycle, on_turn: OnTurn | None) -> None:
     p = work.params
     handle, opening = await envs.open(p.env, work.task, seed=env_seed(work.sample_index), trajectory_id=traj.id)
     try:
@@ -122,6 +130,8 @@ async def _loop(traj: Trajectory, work: Work, fleet: Fleet, envs: EnvBackend, at
             turn.reward = step.reward
             turn.tool_failure = step.info.get("tool_failure")
             traj.messages += step.observation
+            if on_turn is not None:
+                await on_turn(turn)
             if step.terminated or step.truncated:
                 traj.state = TrajectoryState.completed if step.terminated else TrajectoryState.truncated
                 if step.truncated:

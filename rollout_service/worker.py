@@ -2,8 +2,10 @@
 
 Each claimed trajectory runs as its own task beside a heartbeat that extends its lease.
 The heartbeat also carries cancellation: when the batch is cancelled the episode is
-cancelled and recorded as such. If the lease is lost (this worker stalled past its TTL and
-another took over), the episode is dropped without writing: the first result wins.
+cancelled and recorded as such. Each turn is recorded under the lease as it finishes
+(`Queue.append_turn`), so a crash loses at most the turn in progress. If the lease is lost
+(this worker stalled past its TTL and another took over), the episode is dropped without
+writing: the first result wins.
 
 Infrastructure failures (engine, env, internal) are given back to the queue while the
 trajectory has attempts left; after that they are recorded as failed with their kind.
@@ -33,7 +35,7 @@ from scheduler.keys import batch_of
 from scheduler.lifecycle import Lifecycle
 from scheduler.queue import Claim, LeaseLost, Queue
 from scheduler.store import Store
-from wire import Failure, FailureKind, Trajectory, TrajectoryState
+from wire import Failure, FailureKind, Trajectory, TrajectoryState, Turn
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +166,11 @@ class Worker:
         delay = min(0.25 * 2 ** claim.restarts, 5.0)  # let a restarting engine or env worker come back
         await self._write(claim, "restart", lambda: self.queue.restart(claim, delay_s=delay))
 
+    async def _append_turn(self, claim: Claim, turn: Turn) -> None:
+        """Record a finished turn durably; LeaseLost when another worker owns the trajectory.
+        Redis away for a whole lease: the turn stays only in memory (the reaper owns it by then)."""
+        await self._write(claim, "turn", lambda: self.queue.append_turn(claim, turn))
+
     async def _heartbeat(self, claim: Claim) -> bool:
         """True to go on, False when the batch was cancelled; LeaseLost when taken over. A
         Redis outage is ridden out: the episode keeps running meanwhile."""
@@ -185,7 +192,7 @@ class Worker:
                 claim, _failed_stub(claim, FailureKind.internal, f"cannot load: {e!r}")))
             return
         episode = asyncio.create_task(run_episode(work, self.fleet, self.envs, claim.attempt, self.lifecycle,
-                                                  claim.restarts))
+                                                  claim.restarts, lambda turn: self._append_turn(claim, turn)))
         cancelled = False
         try:
             while not episode.done():
@@ -210,6 +217,9 @@ class Worker:
                 raise
             traj = _failed_stub(claim, FailureKind.cancelled, "batch cancelled", work)
             traj.state = TrajectoryState.cancelled
+        except LeaseLost:  # a turn could not be recorded: another worker owns the trajectory now
+            log.warning("lease lost; dropping the episode", extra={"trajectory_id": claim.trajectory_id})
+            return
         except LOST as e:
             kind = FailureKind.engine if isinstance(e, EngineLost) else \
                 FailureKind.env if isinstance(e, EnvWorkerLost) else FailureKind.internal

@@ -8,13 +8,15 @@
     {p}batch:{bid}:trajs          list   trajectory ids in submission order
     {p}batch:{bid}:events         stream one entry per trajectory reaching a terminal state
     {p}traj:{tid}                 hash   state, spec json, attempts (charged), restarts (ours), lease token, result json
+    {p}traj:{tid}:turns           list   the running attempt's finished turns (Turn json), until its result is written
     {p}idem:{key}                 string batch id for an idempotency key
     {p}engines                    hash   engine id -> EngineInfo json
     {p}engine:{id}:load           hash   worker id -> "tokens@unix time" it has in flight on that engine (TTL)
     {p}engine:{id}:down           string present while a worker's probe finds the engine down (TTL)
     {p}workers                    hash   env worker id -> WorkerInfo json
     {p}worker:{id}:alive          string present while the env worker heartbeats (TTL)
-    {p}stats                      hash   counters: finished:{state}, failure:{kind}, tokens:{kind}, attempts, restarts
+    {p}stats                      hash   counters: finished:{state}, failure:{kind}, tokens:{kind}, attempts, restarts,
+                                         prefill:{bucket}, prefill_sum_us (per-turn prefill histogram)
     {p}restarts                   hash   component -> times its supervisor (`rollout up`) restarted it
     {p}up:{name}                  string set by `rollout up` when it registers engine {name}; gone = Redis lost data
     {p}worker:{id}:phases         hash   a rollout worker's live trajectories by phase + forecast (TTL)
@@ -75,6 +77,9 @@ class Keys:
 
     def traj(self, tid: str) -> str:
         return f"{self.prefix}traj:{tid}"
+
+    def traj_turns(self, tid: str) -> str:
+        return f"{self.prefix}traj:{tid}:turns"
 
     def idem(self, key: str) -> str:
         return f"{self.prefix}idem:{key}"

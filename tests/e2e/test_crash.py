@@ -9,6 +9,7 @@ import time
 
 import psutil
 import pytest
+import redis
 
 from tests.conftest import REDIS_URL
 from tests.e2e.test_up import start_up, stop_up
@@ -54,5 +55,9 @@ def test_kill9_mid_batch_loses_and_duplicates_nothing(tmp_path, prefix, part):
         if part in ("worker", "engine", "env-worker"):
             # the kill really hit running work, which was restarted without charging its attempts
             assert any(t.restarts > 0 for t in trajs) and all(t.attempts == 1 for t in trajs)
+        # each result holds one attempt's turns, in order, none left over from a killed attempt
+        assert all([x.index for x in t.turns] == list(range(len(t.turns))) for t in trajs)
+        live = list(redis.Redis.from_url(REDIS_URL).scan_iter(match=f"{prefix}traj:*:turns", count=1000))
+        assert not live, live[:3]  # every attempt's live turn list went with its end
     finally:
         stop_up(proc)

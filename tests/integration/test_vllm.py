@@ -83,6 +83,8 @@ async def test_five_turns_engine_saw_exactly_the_trajectory(vllm_server):
     # the observation text went in as prompt tokens; the sampled ids were never re-tokenized
     assert "Name another one (4)." in tok.decode(traj.token_ids)
     assert traj.loss_mask.count(1) == sum(len(t.output_ids) for t in traj.turns)
+    # vLLM's per-request metrics split each turn: time to first token is the prefill
+    assert all(t.timings.prefill_s > 0 and t.timings.decode_s > 0 for t in traj.turns)
     await fleet.aclose()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import httpx
+import pytest
 
 from tests.conftest import RunningWorker
 
@@ -138,7 +139,14 @@ def test_metrics_after_a_batch(gateway, settings):
             for _ in r.iter_lines():
                 pass
         m = c.get("/metrics").text
+        turns = [t for tr in c.get(f"/v1/batches/{bid}/trajectories").json()["items"] for t in tr["turns"]]
     assert 'rollout_trajectories_finished_total{state="completed"} 6.0' in m
+    # Every turn's prefill time (the simulated engine's cost model) lands in the histogram.
+    got = {ln.split()[0]: float(ln.split()[1]) for ln in m.splitlines() if ln.startswith("rollout_turn_prefill")}
+    h = "rollout_turn_prefill_seconds"
+    assert got[f"{h}_count"] == len(turns) == got[f'{h}_bucket{{le="+Inf"}}']
+    assert got[f"{h}_sum"] == pytest.approx(sum(t["timings"]["prefill_s"] for t in turns), abs=1e-4)
+    assert all(t["timings"]["prefill_s"] > 0 for t in turns)
     sampled = [line for line in m.splitlines() if line.startswith('rollout_tokens_total{kind="sampled"}')]
     assert sampled and float(sampled[0].split()[-1]) > 0
     assert 'rollout_engine_up{engine="e1",role="decode"} 1.0' in m

@@ -20,6 +20,7 @@ import pytest
 from rollout_service.config import Settings
 from rollout_service.engines.sim import SimEngine
 from tests.conftest import REDIS_URL, RunningWorker, free_port
+from tests.rollout_service.test_worker import always_calc
 
 ADMIN_KEY = "board-test-admin-key"
 APT = "apt-get install -y --no-install-recommends chromium chromium-driver"
@@ -221,3 +222,32 @@ def test_a_batch_without_metadata_shows_no_null(gateway, browser):
                  what="the batch")
     text = browser.js("return document.body.innerText")
     assert "null" not in text.split() and "undefined" not in text, text[:500]
+
+
+def test_a_running_trajectory_shows_each_turn_as_it_finishes(gateway, settings, browser):
+    auth = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    req = {"tasks": [{"seed": 1}], "env": "calc", "max_turns": 3}
+    bid = httpx.post(f"{gateway.url}/v1/batches", json=req, headers=auth).json()["id"]
+    browser.open(f"{gateway.url}/board#batch={bid}")
+    browser.wait("const n = document.getElementById('notice'); return !n.hidden && n.textContent.includes('API key')",
+                 what="the API-key prompt")
+    browser.type("#apikey", ADMIN_KEY + "\n")
+    row = f"document.querySelector(`.traj[data-traj-id='{bid}-0-0']`)"
+    browser.wait(f"return {row}", what="the queued trajectory")
+    browser.js("window.__samePage = true")  # gone if the page reloads
+
+    # Each turn takes a couple of board polls (a calculator call every turn: never an answer).
+    engine = SimEngine("sim-turns", time_scale=15.0, policy=always_calc)
+    with RunningWorker(settings, engines={"sim-turns": (engine, "byte")}):
+        seen = browser.wait(f"const r = {row}; const n = r && r.querySelectorAll('.track .turn').length;"
+                            "return r && r.dataset.state === 'running' && n > 0"
+                            " && [n, r.querySelector('.turns-n').textContent,"
+                            " r.querySelectorAll('.track .turn .ph-prefill').length]",
+                            timeout=30, what="a turn of the running trajectory")
+        assert seen[2] == seen[0]  # each turn's bar shows its prefill (time to first token)
+        shown = httpx.get(f"{gateway.url}/v1/trajectories/{bid}-0-0", headers=auth).json()
+        assert shown["state"] == "running" and len(shown["turns"]) >= seen[0]
+        assert seen[1] == str(seen[0])
+        browser.wait(f"const r = {row}; return r && r.dataset.state === 'truncated'"
+                     " && r.querySelectorAll('.track .turn').length === 3", timeout=30, what="the finished trajectory")
+    assert browser.js("return window.__samePage === true")

@@ -146,3 +146,27 @@ async def test_engines_are_built_by_kind_and_unknown_kinds_are_skipped(redis, ke
     await fleet.refresh(force=True)
     assert fleet.engine_ids == ["v"] and type(fleet._engines["v"][0]).__name__ == "VLLMEngine"
     await fleet.aclose()
+
+
+async def test_a_vllm_engine_reports_prefill_from_the_per_request_metrics():
+    """The vLLM-shaped sim server answers with `metrics` as vLLM does under
+    --enable-per-request-metrics: the turn's prefill is the time to first token."""
+    from rollout_service.engines.base import GenerateRequest
+    from rollout_service.engines.sim import SimEngine
+    from rollout_service.engines.sim_server import create_app as sim_app
+    from rollout_service.engines.vllm import VLLMEngine, split_timing
+    from wire import SamplingParams
+
+    sim = SimEngine("s", seed=3)
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=sim_app(sim)), base_url="http://sim")
+    eng = VLLMEngine("v", "http://sim", client=client)
+    prompt = list(b"<|im_start|>user\nwhat is 2 + 3?<|im_end|>\n")
+    res = await eng.generate(GenerateRequest(prompt, SamplingParams(max_tokens=32, seed=1), "r1"))
+    await client.aclose()
+    assert res.prefill_s == pytest.approx(sim.cost.prefill_time(len(prompt)))
+    assert res.decode_s == pytest.approx(sim.cost.decode_time(len(res.output_ids), 1))
+    # A server without the metrics: all of it counts as decode, as before; a malformed block too.
+    assert split_timing(None, 0.5) == (0.0, 0.5)
+    assert split_timing({"time_to_first_token_ms": None}, 0.5) == (0.0, 0.5)
+    assert split_timing({"time_to_first_token_ms": "x"}, 0.5) == (0.0, 0.5)
+    assert split_timing({"time_to_first_token_ms": 100.0}, 0.5) == pytest.approx((0.1, 0.4))

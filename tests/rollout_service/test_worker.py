@@ -168,3 +168,46 @@ async def test_a_peer_that_never_returns_fails_after_max_restarts_with_its_kind(
     t = await store.trajectory(f"{b.id}-0-0")
     assert t.state is TrajectoryState.failed and t.failure.kind is FailureKind.engine
     assert "after 2 restarts" in t.failure.message and (t.attempts, t.restarts) == (1, 2)
+
+
+def always_calc(prompt_text, rng) -> str:
+    return "calc: 2 + 2"  # never answers: every episode runs max_turns turns
+
+
+class StallAfter(SimEngine):
+    """Serves `n` turns, then hangs (an engine stuck mid-turn)."""
+
+    def __init__(self, id: str, n: int):
+        super().__init__(id, policy=always_calc)
+        self.left = n
+
+    async def generate(self, req):
+        if self.left <= 0:
+            await asyncio.sleep(10**6)
+        self.left -= 1
+        return await super().generate(req)
+
+
+async def test_turns_are_durable_as_they_finish_and_a_rerun_does_not_mix_them(settings, redis, keys):
+    settings = dataclasses.replace(settings, lease_s=1.5)
+    q, store = Queue(redis, keys, settings.lease_s), Store(redis, keys)
+    b = await q.enqueue(RolloutRequest(tasks=[{"seed": 1}], env="calc", max_turns=3))
+    tid = f"{b.id}-0-0"
+    w1 = RunningWorker(settings, engines={"first": (StallAfter("first", 2), "byte")}).__enter__()
+    deadline = time.monotonic() + 20
+    while len((t := await store.trajectory(tid)).turns) < 2:
+        assert time.monotonic() < deadline, f"turns never showed while running: {t.state}"
+        await asyncio.sleep(0.02)
+    # Readable while the third turn is stuck in the engine.
+    assert t.state is TrajectoryState.running and [x.index for x in t.turns] == [0, 1]
+    assert all(x.engine_id == "first" and x.output_ids for x in t.turns)
+    # The worker dies mid-turn: what it recorded is not mixed into the rerun's turns.
+    w1.loop.call_soon_threadsafe(lambda: [task.cancel() for task in asyncio.all_tasks(w1.loop)])
+    w1.thread.join(5)
+    second = {"second": (SimEngine("second", policy=always_calc), "byte")}
+    with RunningWorker(settings, engines=second):
+        await wait_done(store, b.id)
+    t = await store.trajectory(tid)
+    assert t.state is TrajectoryState.truncated and t.restarts >= 1
+    assert [x.index for x in t.turns] == [0, 1, 2] and {x.engine_id for x in t.turns} == {"second"}
+    assert not await redis.exists(keys.traj_turns(tid))

@@ -8,7 +8,8 @@ import pytest
 
 from scheduler.queue import LeaseLost, Queue
 from scheduler.store import Store
-from wire import Failure, FailureKind, RolloutRequest, Trajectory, TrajectoryState
+from scheduler.jobs import IllegalTransition
+from wire import Failure, FailureKind, RolloutRequest, Trajectory, TrajectoryState, Turn
 
 
 def request(n_tasks=2, group=2, **kw) -> RolloutRequest:
@@ -74,6 +75,50 @@ async def test_expired_lease_is_reclaimed_by_another_worker(queue, store):
     assert not await queue.complete(dead, finished(dead.trajectory_id))  # stale holder cannot write
     assert await queue.complete(alive, finished(alive.trajectory_id))
     assert (await store.batch_status(b.id)).counts[TrajectoryState.completed] == 1
+
+
+def turn(i: int, engine: str = "e0") -> Turn:
+    return Turn(index=i, prompt_ids=[1, 2], output_ids=[3 + i], output_logprobs=[-0.5], finish_reason="stop",
+                policy_version=0, engine_id=engine)
+
+
+async def test_a_running_trajectory_shows_its_recorded_turns(queue, store, redis, keys):
+    b = await queue.enqueue(request(1, 1))
+    c = await queue.claim("w1")
+    tid = c.trajectory_id
+    await queue.append_turn(c, turn(0))
+    await queue.append_turn(c, turn(1))
+    await queue.append_turn(c, turn(1))  # the same write again (retried after a timeout): no duplicate
+    t = await store.trajectory(tid)
+    assert t.state is TrajectoryState.running and [x.index for x in t.turns] == [0, 1]
+    assert [x.output_ids for x in t.turns] == [[3], [4]]
+    with pytest.raises(IllegalTransition):
+        await queue.append_turn(c, turn(3))  # never a gap
+    page, _ = await store.trajectories(b.id)
+    assert len(page[0].turns) == 2
+    done = finished(tid).model_copy(update={"turns": [turn(0), turn(1), turn(2)]})
+    assert await queue.complete(c, done)
+    assert [x.index for x in (await store.trajectory(tid)).turns] == [0, 1, 2]  # the result's, once
+    assert not await redis.exists(keys.traj_turns(tid))  # the live list is gone with the attempt
+
+
+async def test_a_rerun_starts_from_no_turns_and_a_stale_writer_appends_nothing(queue, store):
+    await queue.enqueue(request(1, 1))
+    dead = await queue.claim("dying-worker")
+    await queue.append_turn(dead, turn(0, "dead"))
+    await asyncio.sleep(0.4)  # the lease lapses
+    assert await queue.reap() == (1, 0)
+    t = await store.trajectory(dead.trajectory_id)
+    assert t.state is TrajectoryState.queued and t.turns == []  # requeued: the lost attempt's turns are gone
+    alive = await queue.claim("w2")
+    with pytest.raises(LeaseLost):
+        await queue.append_turn(dead, turn(1, "dead"))  # without the current lease: nothing written
+    with pytest.raises(LeaseLost):
+        await queue.append_turn(dead, turn(0, "dead"))
+    await queue.append_turn(alive, turn(0, "alive"))
+    assert [x.engine_id for x in (await store.trajectory(alive.trajectory_id)).turns] == ["alive"]
+    assert await queue.restart(alive)  # a restart (and a retry) drops them the same way
+    assert (await store.trajectory(alive.trajectory_id)).turns == []
 
 
 async def test_heartbeat_keeps_the_lease(queue):
