@@ -5,7 +5,6 @@
     gymnasium:ID                         `gymnasium.make(ID)` (`module:Name-v0` imports the module
                                          that registers it, as Gymnasium itself does)
     verifiers:MODULE                     `verifiers.load_environment(MODULE)`
-    openenv:URL                          an OpenEnv server, over its WebSocket session
     nemo_gym:URL                         a NeMo Gym resources server (`/seed_session`, `/verify`)
 
 One module per family; each has `spec(name) -> EnvSpec` (raising the registry's `UnknownEnv`
@@ -46,6 +45,8 @@ FAMILIES: dict[str, Family] = {
                         "a Gymnasium env with Text/Discrete spaces, through gymnasium.make"),
     "verifiers": Family("verifiers", "verifiers", "verifiers",
                         "a verifiers SingleTurnEnv/MultiTurnEnv: its env_response and rubric, our sampling"),
+    "nemo_gym": Family("nemo_gym", "", "httpx",
+                       "a NeMo Gym resources server: the final answer verified by its /verify"),
 }
 CACHED = 256  # resolved specs kept (names come from requests: bounded, least recently used goes)
 _specs: OrderedDict[str, EnvSpec] = OrderedDict()
