@@ -38,7 +38,7 @@ from verifiers.clients import Client
 from verifiers.types import Response, ResponseMessage
 
 from env_workers.env import EnvError, StepResult
-from env_workers.registry import EnvPackageMissing, EnvSpec, EnvUnadaptable, UnknownEnv
+from env_workers.registry import EnvPackageMissing, EnvSpec, EnvUnadaptable
 from wire import Message
 
 _vf_environment.signal = SimpleNamespace(signal=lambda *a, **k: None, SIGINT=signal.SIGINT, SIGTERM=signal.SIGTERM,
