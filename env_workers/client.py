@@ -28,6 +28,13 @@ def _code(r: httpx.Response) -> str | None:
         return None
 
 
+def _message(r: httpx.Response) -> str:
+    try:
+        return r.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return r.text[:300]
+
+
 class EnvRejected(Exception):
     """The environment refused the task or action (its own error); not retryable."""
 
@@ -99,10 +106,12 @@ class RemoteEnvs:
             raise EnvWorkerLost(f"env worker unreachable: {e!r}") from e
         if session and r.status_code == 404:  # the worker restarted: its sessions died with it
             raise EnvWorkerLost(f"env worker lost the session: {r.text[:300]}")
-        if r.status_code == 422:
-            raise EnvRejected(r.json().get("error", {}).get("message", r.text))
+        if r.status_code == 422 or (r.status_code == 404 and not session):  # bad task, or no such env here
+            raise EnvRejected(_message(r))
         if r.status_code == 503 and _code(r) == "sandbox_unavailable":
-            raise SandboxUnavailable(r.json()["error"]["message"])
+            raise SandboxUnavailable(_message(r))
+        if r.status_code == 502 and _code(r) == "env_crashed":  # the environment's own code failed
+            raise EnvUnavailable(_message(r))
         if r.status_code != 200:
             raise EnvUnavailable(f"env worker answered {r.status_code}: {r.text[:300]}")
         return r.json()

@@ -3,6 +3,13 @@
     from env_workers.registry import make
     env = make("calc")
     env = make("swe", resources=pools.claims(session_id))   # an env that uses sandboxes
+    env = make("reasoning_gym:leg_counting")                  # a third-party env (`env_workers/adapters/`)
+
+A name with a colon is `FAMILY:NAME`: the family's adapter resolves it on first use (and
+keeps the spec, at most `adapters.CACHED` of them). Resolving raises one of three errors the
+env worker answers with a 4xx: `UnknownEnv` (no such family or name), `EnvPackageMissing`
+(the family's package is not installed here) or `EnvUnadaptable` (it exists, but its
+interface cannot be mapped onto ours).
 
 An `EnvSpec` says whether a recorded episode replays exactly (`nondeterminism`: None, or why
 not) and lists the resource specs its environment may acquire (`resources`): the env
@@ -30,6 +37,22 @@ class EnvSpec:
     nondeterminism: str | None = None
 
 
+class EnvNameError(Exception):
+    """A name that does not give an environment here (the base of the three below)."""
+
+
+class UnknownEnv(EnvNameError, KeyError):
+    __str__ = Exception.__str__  # KeyError would quote the message
+
+
+class EnvPackageMissing(EnvNameError):
+    """The family exists but its package is not installed in this env worker."""
+
+
+class EnvUnadaptable(EnvNameError):
+    """The environment exists, but its spaces or interface cannot be mapped onto ours."""
+
+
 _REGISTRY: dict[str, EnvSpec] = {}
 
 
@@ -41,10 +64,14 @@ def register(spec: EnvSpec) -> None:
 
 def spec(name: str) -> EnvSpec:
     _load_builtin()
-    try:
+    if name in _REGISTRY:
         return _REGISTRY[name]
-    except KeyError:
-        raise KeyError(f"unknown environment {name!r}; known: {', '.join(sorted(_REGISTRY))}") from None
+    if ":" in name:
+        from env_workers import adapters
+
+        return adapters.resolve(name)
+    raise UnknownEnv(f"unknown environment {name!r}; known: {', '.join(sorted(_REGISTRY))}, "
+                     f"or FAMILY:NAME for {', '.join(_families())}")
 
 
 def make(name: str, resources: Any = None) -> Env:
@@ -57,8 +84,23 @@ def make(name: str, resources: Any = None) -> Env:
 
 
 def names() -> list[str]:
+    """The built-in environments, by name (third-party ones are resolved on use: `hosted`)."""
     _load_builtin()
     return sorted(_REGISTRY)
+
+
+def hosted() -> list[str]:
+    """What an env worker announces: every built-in name, and `FAMILY:*` for each third-party
+    family whose package is installed here."""
+    from env_workers import adapters
+
+    return names() + [f"{f}:*" for f in adapters.installed()]
+
+
+def _families() -> list[str]:
+    from env_workers import adapters
+
+    return sorted(adapters.FAMILIES)
 
 
 def _load_builtin() -> None:

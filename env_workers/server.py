@@ -13,6 +13,10 @@ knows), and releases whatever the session still holds when it is deleted or expi
 session for a trajectory that still has one here (a restarted attempt) closes the old one. A sandbox that
 could not be had answers 503 `sandbox_unavailable` (another infrastructure trouble of the
 environment: 503 `env_unavailable`); the client raises `SandboxUnavailable`/`EnvUnavailable`.
+An exception of any other type from an environment's own code (a third-party package's bug,
+say) answers 502 `env_crashed` with its type and message: an `env` failure, never a 500.
+A name that gives no environment answers 404 `not_found` (unknown name or family), 422
+`env_package_missing` (its family's package is not installed here) or 422 `env_unadaptable`.
 
 When given a `Registrar` (the service passes `scheduler.registry.Registry`: the one place
 that knows the keys), the worker announces itself and heartbeats, so rollout workers find
@@ -42,8 +46,9 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from env_workers import registry
+from env_workers import adapters, registry
 from env_workers.env import Env, EnvError, EnvUnavailable, SandboxUnavailable
+from env_workers.registry import EnvPackageMissing, EnvUnadaptable, UnknownEnv
 from env_workers.resources import Pools, PoolSize
 from wire.envs import EnvAction, EnvOpen, EnvOpened, EnvStepped, WorkerInfo
 from wire.errors import ApiError, NotFound, Overloaded, error_body
@@ -86,12 +91,28 @@ class SandboxUnavailable503(ApiError):
     status, code = 503, "sandbox_unavailable"
 
 
+class EnvCrashed502(ApiError):
+    """The environment's own code raised something that is not part of our protocol."""
+
+    status, code = 502, "env_crashed"
+
+
 def _api_error(e: Exception) -> ApiError:
     if isinstance(e, SandboxUnavailable):
         return SandboxUnavailable503(str(e))
     if isinstance(e, EnvUnavailable):
         return EnvUnavailable503(str(e))
-    return EnvRejected422(str(e))
+    if isinstance(e, EnvError):
+        return EnvRejected422(str(e))
+    log.warning("environment raised %s", type(e).__name__, exc_info=e)
+    return EnvCrashed502(f"the environment raised {type(e).__name__}: {e}"[:2000])
+
+
+def _spec_error(e: Exception) -> ApiError:
+    if isinstance(e, UnknownEnv):
+        return NotFound(str(e))
+    code = "env_package_missing" if isinstance(e, EnvPackageMissing) else "env_unadaptable"
+    return ApiError(str(e), status=422, code=code)
 
 
 # Each env worker keeps a couple of sandboxes per declared spec warm and at most 64 alive;
@@ -235,23 +256,35 @@ def create_app(max_sessions: int = 1024, idle_s: float = 600.0,
 
     @app.get("/v1/envs")
     async def envs() -> dict:
-        return {"envs": [{"name": n, "description": registry.spec(n).description} for n in registry.names()]}
+        return {"envs": [{"name": n, "description": registry.spec(n).description} for n in registry.names()],
+                "families": [{"name": f"{f}:*", "description": adapters.FAMILIES[f].description,
+                              "package": adapters.FAMILIES[f].dist, "version": adapters.version(f)}
+                             for f in adapters.installed()]}
 
     @app.post("/v1/sessions", response_model=EnvOpened)
     async def open_session(body: EnvOpen) -> EnvOpened:
-        if body.env not in registry.names():
-            raise NotFound(f"unknown environment {body.env!r}", {"known": registry.names()})
         if len(sessions) >= max_sessions:
             raise Overloaded(f"env worker at its limit of {max_sessions} sessions")
+        try:  # a third-party name imports its package and may ask its server: off the event loop
+            await run_in_threadpool(registry.spec, body.env)
+        except (UnknownEnv, EnvPackageMissing, EnvUnadaptable) as e:
+            raise _spec_error(e) from e
+        except Exception as e:  # noqa: BLE001 - the third party's own code failed while loading
+            raise _api_error(e) from e
         sid = uuid.uuid4().hex
         owner = body.trajectory_id or sid
         stale = sessions.pop(owners.get(owner, ""), None)
         if stale is not None:  # an earlier attempt of this trajectory: its lease is gone, and so is its episode
             await run_in_threadpool(close_session, stale)
-        sess = Session(sid, owner, registry.make(body.env, resources=pools.claims(owner)))
+        try:
+            env = await run_in_threadpool(registry.make, body.env, pools.claims(owner))
+        except Exception as e:  # noqa: BLE001 - a third-party constructor: its failure is the env's
+            await run_in_threadpool(pools.release, owner)
+            raise _api_error(e) from e
+        sess = Session(sid, owner, env)
         try:
             obs, info = await run_in_threadpool(sess.env.reset, body.task, body.seed)
-        except (EnvError, EnvUnavailable) as e:
+        except Exception as e:  # noqa: BLE001 - every failure of the env's own code is an answer, not a 500
             await run_in_threadpool(close_session, sess)
             raise _api_error(e) from e
         sessions[sid] = sess
@@ -267,7 +300,7 @@ def create_app(max_sessions: int = 1024, idle_s: float = 600.0,
             sess.last_used = time.monotonic()
             try:
                 r = await run_in_threadpool(sess.env.step, body.action)
-            except (EnvError, EnvUnavailable) as e:
+            except Exception as e:  # noqa: BLE001 - as in open_session
                 raise _api_error(e) from e
             finally:
                 sess.last_used = time.monotonic()
@@ -294,7 +327,7 @@ def serve(host: str, port: int, registrar: Registrar | None = None, worker_id: s
     registration = None
     if registrar is not None:
         info = WorkerInfo(id=worker_id or f"env-{host}-{port}", url=advertise or f"http://{host}:{port}",
-                          envs=registry.names())
+                          envs=registry.hosted())
         registration = (registrar, info)
     server: uvicorn.Server | None = None
 

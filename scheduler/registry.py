@@ -143,10 +143,16 @@ class Registry:
 
     async def pick_worker(self, env: str) -> str:
         """Base URL of a live env worker that hosts `env` (random: spreads sessions).
-        LookupError while its workers are down; UnknownEnv (a ValueError) if no worker ever hosted it."""
-        able = [w for w in await self.workers() if env in w.envs]
+        LookupError while its workers are down; UnknownEnv (a ValueError) if no worker ever hosted it.
+        A worker announcing `FAMILY:*` hosts every `FAMILY:NAME` (it answers for an unknown NAME itself)."""
+        able = [w for w in await self.workers() if _hosts(w, env)]
         if not able:
-            if not any(env in w.envs for w in await self.workers(live=False)):
+            if not any(_hosts(w, env) for w in await self.workers(live=False)):
                 raise UnknownEnv(f"no env worker hosts an environment named {env!r}")
             raise LookupError(f"no live env worker hosts {env!r}")
         return random.choice(able).url
+
+
+def _hosts(w: WorkerInfo, env: str) -> bool:
+    family, colon, _ = env.partition(":")
+    return env in w.envs or (bool(colon) and f"{family}:*" in w.envs)

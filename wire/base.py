@@ -16,6 +16,10 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 MAX_GROUP_SIZE = 256
 MAX_TURNS = 256
 MAX_TOKENS_PER_TURN = 32_768
+# An environment's name: `math`, or FAMILY:NAME for a third-party one, where NAME may be a
+# Gymnasium id (`pkg.module:Name-v0`) or a server URL (`openenv:http://127.0.0.1:8000`).
+ENV_NAME_MAX = 256
+ENV_NAME_PATTERN = r"^[A-Za-z0-9_.-]+(:[A-Za-z0-9_./:@%+=-]+)?$"
 
 
 def _integral(v: Any) -> Any:

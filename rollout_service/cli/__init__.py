@@ -5,6 +5,7 @@
     rollout status [BATCH] | cancel BATCH | engines [add ID URL | rm ID] | workers
     rollout export BATCH -o b.jsonl             # a self-contained recording of the batch
     rollout replay b.jsonl [--score MOD:FUNC | --engine-url URL]   # re-run its envs (re-score, re-sample)
+    rollout envs [FAMILY]                       # environments this machine can host
 
 and the single-process entry points a deployment runs: `gateway`, `worker`, `env-worker`,
 `sim-engine`. Every option has `--help`; the gateway URL comes from `--url` or
@@ -13,6 +14,7 @@ and the single-process entry points a deployment runs: `gateway`, `worker`, `env
     processes.py    the process entry points (each reads its Settings once)
     admin.py        the commands that talk to a gateway, through the public SDK
     replay.py       `replay`: a recording, re-run here (no gateway)
+    envs.py         `rollout envs`: what an env worker here would host
     __init__.py     the parser and `main`
 """
 
@@ -33,6 +35,7 @@ from rollout_service.cli.admin import (
     cmd_weights,
     cmd_workers,
 )
+from rollout_service.cli.envs import cmd_envs
 from rollout_service.cli.processes import (
     cmd_allocator,
     cmd_engine,
@@ -108,6 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--judge-model", default=os.environ.get("ROLLOUT_JUDGE_MODEL", "default"),
                     help="model name sent to --judge-url (default $ROLLOUT_JUDGE_MODEL or 'default')")
     sp.set_defaults(fn=cmd_env_worker)
+
+    sp = sub.add_parser("envs", help="list the environments an env worker here would host, with descriptions",
+                        description="Built-in environments, and the third-party families (FAMILY:NAME) whose "
+                                    "package is installed here, with versions. With FAMILY: that family's names.")
+    sp.add_argument("family", nargs="?", help="list this family's names (e.g. reasoning_gym)")
+    sp.set_defaults(fn=cmd_envs)
 
     sp = sub.add_parser("sim-engine", help="serve the simulated engine over vLLM's completions API")
     sp.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
