@@ -20,7 +20,12 @@ uses it with Docker):
   podman publishes no port from an internal network, so the gateway alone also joins a
   second one, created here beforehand (`WalledNetwork`) with a firewall rule that drops
   whatever it would forward off its bridge: the published port (127.0.0.1 only) still
-  answers, nothing inside gets out.
+  answers, nothing inside gets out. The rule sits in the mangle table: netavark inserts its
+  own ACCEPT jumps at the top of filter's FORWARD when a container starts, ahead of a rule
+  placed there earlier.
+- "Out" is tested without leaving the machine: `Outside` is a host in a network namespace
+  behind a veth pair, with a TCP listener; reaching it from a container takes a forward off
+  the bridge, exactly what the wall must stop (never a probe of a real remote host).
 
 Cached under $ROLLOUT_CACHE_DIR/deploy-test (default ~/.cache/rollout-service/deploy-test):
 the base image tarballs and the wheelhouse, keyed by what they were built from.
@@ -81,7 +86,7 @@ def cache_dir() -> Path:
 
 
 def missing_tools() -> list[str]:
-    need = ["podman", "runc", "debootstrap", "docker-compose", "netavark", "aardvark-dns"]
+    need = ["podman", "runc", "debootstrap", "docker-compose", "netavark", "aardvark-dns", "iptables", "ip"]
     out = [t for t in need if not any(Path(d, t).exists() for d in ("/usr/sbin", "/usr/lib/podman")) and not shutil.which(t)]
     if os.geteuid() != 0:
         out.append("root (rootful podman, debootstrap)")
@@ -234,7 +239,7 @@ class WalledNetwork:
     bridge: str = ""
 
     def rule(self, op: str) -> list[str]:
-        return ["iptables", op, "FORWARD", "-i", self.bridge, "!", "-o", self.bridge, "-j", "DROP"]
+        return ["iptables", "-t", "mangle", op, "FORWARD", "-i", self.bridge, "!", "-o", self.bridge, "-j", "DROP"]
 
     def __enter__(self) -> "WalledNetwork":
         sh("podman", "network", "create", self.name, env=self.podman.env)
@@ -245,6 +250,63 @@ class WalledNetwork:
     def __exit__(self, *exc) -> None:
         subprocess.run(self.rule("-D"), capture_output=True)
         subprocess.run(["podman", "network", "rm", "-f", self.name], env=self.podman.env, capture_output=True)
+
+
+_LISTENER = """
+import socket, sys
+s = socket.create_server(("0.0.0.0", int(sys.argv[1])))
+while True:
+    c, _ = s.accept()
+    c.sendall(b"out")
+    c.close()
+"""
+
+
+@dataclass
+class Outside:
+    """A host off this machine's bridges without leaving the machine: a network namespace on a
+    veth pair (`host_ip` on our side, `ip` on its side) with a TCP listener on `port`."""
+    name: str
+    host_ip: str = "10.254.77.1"
+    ip: str = "10.254.77.2"
+    port: int = 8099
+    proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> "Outside":
+        ns, veth, peer = self.name, f"{self.name[:10]}h", f"{self.name[:10]}o"
+        sh("ip", "netns", "add", ns)
+        try:
+            sh("ip", "link", "add", veth, "type", "veth", "peer", "name", peer)
+            sh("ip", "link", "set", peer, "netns", ns)
+            sh("ip", "addr", "add", f"{self.host_ip}/30", "dev", veth)
+            sh("ip", "link", "set", veth, "up")
+            for cmd in (("ip", "addr", "add", f"{self.ip}/30", "dev", peer), ("ip", "link", "set", peer, "up"),
+                        ("ip", "link", "set", "lo", "up"), ("ip", "route", "add", "default", "via", self.host_ip)):
+                sh("ip", "netns", "exec", ns, *cmd)
+            self.proc = subprocess.Popen(["ip", "netns", "exec", ns, "python3", "-c", _LISTENER, str(self.port)])
+            deadline = time.monotonic() + 20
+            while not self.reachable():  # from the host itself: the listener is up, the route works
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the outside host {self.ip}:{self.port} never answered the host")
+                time.sleep(0.2)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def reachable(self) -> bool:
+        import socket
+        try:
+            with socket.create_connection((self.ip, self.port), timeout=2) as c:
+                return c.recv(3) == b"out"
+        except OSError:
+            return False
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+        subprocess.run(["ip", "netns", "del", self.name], capture_output=True)  # takes the veth pair with it
 
 
 @dataclass

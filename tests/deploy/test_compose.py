@@ -26,8 +26,8 @@ import httpx
 import pytest
 
 from tests.conftest import free_port
-from tests.deploy.podman import (OVERRIDE, ROOT, Compose, HealthRunner, Podman, WalledNetwork, missing_tools, sh,
-                                 standin_images, wheelhouse)
+from tests.deploy.podman import (OVERRIDE, ROOT, Compose, HealthRunner, Outside, Podman, WalledNetwork, missing_tools,
+                                 sh, standin_images, wheelhouse)
 from trainer_client import RolloutClient
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
@@ -116,13 +116,28 @@ def stack(tmp_path_factory):
         (out / "deploy-compose.json").write_text(json.dumps(FIGURES, indent=2) + "\n")
 
 
-def no_route_out(podman: Podman, container_id: str) -> bool:
-    """True when the container cannot open a TCP connection to the Debian mirror."""
-    probe = ("import socket\ntry:\n socket.create_connection(('deb.debian.org', 80), timeout=5)\n print('out')\n"
-             "except OSError as e:\n print('blocked', e)")
-    r = subprocess.run(["podman", "exec", container_id, "python", "-c", probe], env=podman.env,
+def _probe(outside: Outside) -> str:
+    return (f"import socket\ntry:\n socket.create_connection(('{outside.ip}', {outside.port}), timeout=5)\n"
+            " print('out')\nexcept OSError as e:\n print('blocked', e)")
+
+
+def no_route_out(podman: Podman, container_id: str, outside: Outside) -> bool:
+    """True when the container cannot open a TCP connection to a host off its bridges."""
+    r = subprocess.run(["podman", "exec", container_id, "python", "-c", _probe(outside)], env=podman.env,
                        capture_output=True, text=True, timeout=60)
     return r.stdout.startswith("blocked")
+
+
+def reaches_from_open_bridge(podman: Podman, outside: Outside, net: str) -> bool:
+    """The control: our image on a bridge with no wall does reach the outside host (so a
+    "blocked" above is the wall's doing, not a host nothing could reach)."""
+    sh("podman", "network", "create", net, env=podman.env)
+    try:
+        r = subprocess.run(["podman", "run", "--rm", "--network", net, "--entrypoint", "python", IMAGE, "-c",
+                            _probe(outside)], env=podman.env, capture_output=True, text=True, timeout=120)
+        return r.stdout.startswith("out")
+    finally:
+        subprocess.run(["podman", "network", "rm", "-f", net], env=podman.env, capture_output=True)
 
 
 def submit(c: RolloutClient, n_tasks: int):
@@ -153,12 +168,12 @@ def test_every_service_is_healthy_on_an_internal_network(stack):
             assert all(b["HostIp"] == "127.0.0.1" for b in bindings), f"{service} publishes {bindings}"
     [gw] = replicas["gateway"]
     assert gw["HostConfig"]["PortBindings"], "the gateway is not published"
-    # Nothing gets out: the gateway (the one container on a second network) nor an internal one.
-    host_out = subprocess.run(["python", "-c", "import socket; socket.create_connection(('deb.debian.org', 80), timeout=5)"],
-                              capture_output=True).returncode == 0
-    if host_out:  # else the check proves nothing: this machine cannot get there either
-        assert no_route_out(stack.podman, gw["Id"]), "the gateway reaches the outside"
-        assert no_route_out(stack.podman, replicas["worker"][0]["Id"]), "a worker reaches the outside"
+    # Nothing gets out: the gateway (the one container on a second network) nor an internal one,
+    # to a host the machine itself reaches (checked by `Outside` as it starts).
+    with Outside(f"ro{stack.project[-6:]}") as outside:
+        assert no_route_out(stack.podman, gw["Id"], outside), "the gateway reaches the outside"
+        assert no_route_out(stack.podman, replicas["worker"][0]["Id"], outside), "a worker reaches the outside"
+        assert reaches_from_open_bridge(stack.podman, outside, f"{stack.project}-open"), "nothing reaches it unwalled"
 
     # Through the published port: the engine is registered, the 3 env workers registered themselves.
     with RolloutClient(stack.url) as c:

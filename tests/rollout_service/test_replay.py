@@ -73,7 +73,9 @@ def recorded(env: str, task: dict, actions: list[str], pools: Pools, sample_inde
 
 
 def test_every_env_has_a_replay_script():
-    assert set(SCRIPTS) == set(registry.names())
+    # the catalog: envs this package ships (other test modules register envs of their own)
+    catalog = {n for n in registry.names() if registry.spec(n).factory.__module__.startswith("env_workers.envs.")}
+    assert catalog and set(SCRIPTS) == catalog
 
 
 @pytest.mark.parametrize("env", sorted(SCRIPTS))
