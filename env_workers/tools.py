@@ -170,17 +170,21 @@ class BashSession(_Session):
 
     def _interrupt(self, reader: _Reader, t0: float, limit: float) -> ToolResult:
         term = self._term
-        term.write(b"\x03")
         self._interrupts += 1  # this interrupt's own marker: a late one from an earlier cannot answer it
         n = self._interrupts
         reader.marker = re.compile(rb"\n__RS_" + self._tag + b"_INT%d__\n" % n)
         ask = f"printf '\\n__RS_%s_INT%d__\\n' {self._tag.decode()} {n}\n".encode()
         note = f"\n[timed out after {limit:g}s; interrupted with ^C]"
-        # Ask the shell for a marker, again every second: on a loaded machine the ^C may reach
-        # the line discipline late and its input flush then swallows a line already sent. A
-        # marker asked for twice shows up later as output; `run` strips it.
+        # ^C, then ask the shell for a marker; both again every second until it answers. On a
+        # loaded machine one ^C can miss: it may reach the line discipline late, its input flush
+        # then swallowing a line already sent, or land before bash has made a just-forked job the
+        # terminal's foreground group (bash takes the SIGINT and the job runs on: seen twice in
+        # full runs beside stress-ng). A ^C at an idle shell only clears its input line, so
+        # repeating it is harmless. A marker asked for twice shows up later as output; `run`
+        # strips it.
         deadline, answered = time.monotonic() + INTERRUPT_GRACE_S, None
         while answered is None and time.monotonic() < deadline:
+            term.write(b"\x03")
             time.sleep(0.05)  # let the ^C land before the next line, or the job may read it
             term.write(ask)
             answered = reader.until(min(deadline, time.monotonic() + 1.0))
