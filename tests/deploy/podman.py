@@ -20,9 +20,8 @@ uses it with Docker):
   podman publishes no port from an internal network, so the gateway alone also joins a
   second one, created here beforehand (`WalledNetwork`) with a firewall rule that drops
   whatever it would forward off its bridge: the published port (127.0.0.1 only) still
-  answers, nothing inside gets out. The rule sits in the mangle table: netavark inserts its
-  own ACCEPT jumps at the top of filter's FORWARD when a container starts, ahead of a rule
-  placed there earlier.
+  answers, nothing inside gets out. The rule sits in the mangle table, out of reach of the
+  filter-table FORWARD rules netavark manages itself (whatever order it puts them in).
 - "Out" is tested without leaving the machine: `Outside` is a host in a network namespace
   behind a veth pair, with a TCP listener; reaching it from a container takes a forward off
   the bridge, exactly what the wall must stop (never a probe of a real remote host).
