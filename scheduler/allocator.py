@@ -261,7 +261,7 @@ class Allocator:
                 net = gain - cost
                 if best is None or net > best[0]:
                     best = (net, [Move(e, old, new) for (_, e, old), new, go in zip(gives, wants, now_moves) if go],
-                            lay, len(gives), gain <= cfg.free_move * cost)
+                            lay, len(gives), gain > cfg.free_move * cost)  # [4]: nearly free
         if best is None:
             self._pending = None
             return []
@@ -269,7 +269,7 @@ class Allocator:
         self._pending = (target, self._pending[1] + 1 if self._pending and self._pending[0] == target else 1)
         # confirming guards against paying for a move a passing burst asked for; a move that costs
         # next to nothing (its engines hold next to nothing: a new batch on an idle cluster) is made at once
-        if self._pending[1] < cfg.confirm and best[2] != self._heading and best[4]:
+        if self._pending[1] < cfg.confirm and best[2] != self._heading and not best[4]:
             return []
         self._pending = None
         self._heading = best[2] if len(best[1]) < best[3] else None  # a two-step move: its second step needs no confirming
