@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
@@ -21,7 +22,7 @@ from wire import (
     TrajectoryPage,
     TrajectoryState,
 )
-from wire.errors import NotFound
+from wire.errors import ApiError, NotFound
 
 router = APIRouter(prefix="/v1", tags=["batches"], responses={404: {"model": ErrorResponse},
                                                                 422: {"model": ErrorResponse}})
@@ -82,12 +83,16 @@ async def batch_request(request: Request, bid: str, who: Principal = Caller) -> 
     return got
 
 
+# A cursor is an offset into the batch; Redis takes signed 64-bit offsets, and no batch comes near
+# 2**53 (the largest integer every JSON client reads exactly), so larger ones are refused as input.
+CURSOR_MAX = 2**53
+
 SAMPLES = ("Also return `training_samples`: per training sample, `token_ids`, `loss_mask` (1 where sampled) and "
            "`logprobs` (0.0 where the mask is 0), aligned, ready for the loss")
 
 
 @router.get("/batches/{bid}/trajectories", response_model=TrajectoryPage)
-async def trajectories(request: Request, bid: str, cursor: int = Query(0, ge=0), limit: int = Query(50, ge=1, le=500),
+async def trajectories(request: Request, bid: str, cursor: int = Query(0, ge=0, le=CURSOR_MAX), limit: int = Query(50, ge=1, le=500),
                        state: TrajectoryState | None = None, samples: bool = Query(False, description=SAMPLES),
                        who: Principal = Caller) -> TrajectoryPage:
     """A page of the batch's trajectories in submission order; pass `next_cursor` back."""
@@ -112,15 +117,21 @@ async def trajectory(request: Request, tid: str, samples: bool = Query(False, de
     return traj.with_samples() if samples else traj
 
 
+EVENT_ID = r"^\d{1,20}(-\d{1,20})?$"  # a Redis stream id, as the `id:` lines carry it
+
+
 @router.get("/batches/{bid}/events", response_class=StreamingResponse,
             responses={200: {"content": {"text/event-stream": {}}}})
-async def events(request: Request, bid: str, last_event_id: str | None = Query(None, alias="after"),
+async def events(request: Request, bid: str, last_event_id: str | None = Query(None, alias="after", pattern=EVENT_ID),
                  who: Principal = Caller) -> StreamingResponse:
     """Server-sent events: one `trajectory` event per finished trajectory, then `done`.
     Resumable: reconnect with the `Last-Event-ID` header (or `?after=`)."""
     await owned_batch(request, bid, who)
     store, block = request.app.state.store, request.app.state.settings.sse_block_ms
     after = request.headers.get("last-event-id") or last_event_id or "0"
+    if not re.fullmatch(EVENT_ID, after):
+        raise ApiError(f"Last-Event-ID {after!r} is not an event id (an `id:` line this stream sent)",
+                       status=422, code="invalid_request")
 
     async def stream():
         nonlocal after
