@@ -117,6 +117,9 @@ HOST_TIER = KVLink("host", bytes_per_s=55.4e9, per_piece_s=2.5e-6, fixed_s=17e-6
 # 5.2 ms as 4,563 descriptors a rank and 2.1 ms as ~70, 3.1 ms / 4,493 descriptors. Fixed: 1.3 ms,
 # from vLLM's NIXL connector (`Avg xfer time`, posting to completion seen by the decode worker):
 # 1.381 ms for 2.25 MB in 72 descriptors (vLLM issue #41230), less bytes and descriptors.
+# A role switch that re-launches an engine re-captures its CUDA graphs: measured warm-up + capture of
+# 67 decode batch sizes on an H200, median of four runs (data/h200/capture.jsonl; README derivation (d)).
+GRAPH_CAPTURE_S = 9.5
 RDMA = KVLink("rdma", bytes_per_s=50e9, per_piece_s=0.7e-6, fixed_s=1.3e-3)
 
 
@@ -172,9 +175,10 @@ class ClusterCost:
     # Role switch. Default: the service's mechanism today (scheduler/roles.py): every engine runs
     # kv_both, a role is a routing decision, so a switch is instant and keeps the cache; in-flight
     # work finishes where it is. `restart_switch()`: an engine re-launched in its new role drains
-    # first, then re-captures CUDA graphs with an empty prefix cache. 10 s: vLLM's own logs show a
-    # capture of 14 s (35 decode shapes, vLLM PR #11349) and of ~6 s (51 mixed + 35 decode shapes
-    # at ~15 a second, PR #46389); model loading and compilation are not counted (see the README).
+    # first, then re-captures CUDA graphs with an empty prefix cache. 9.5 s: measured on an H200
+    # (`data/h200/capture.jsonl`, `measure.py --capture`): 67 decode batch sizes warmed up and
+    # captured in 7.6-9.5 s (Llama-3-8B twice, Qwen2.5-32B TP2 and TP4 shards); vLLM's own logs
+    # show 14 s and ~6 s (PRs #11349, #46389). Weight loading and compilation are not counted.
     switch_s: float = 0.0
     flush_on_switch: bool = False
 
@@ -182,7 +186,7 @@ class ClusterCost:
     def routing_switch(self) -> bool:
         return self.switch_s == 0 and not self.flush_on_switch
 
-    def restart_switch(self, switch_s: float = 10.0) -> ClusterCost:
+    def restart_switch(self, switch_s: float = GRAPH_CAPTURE_S) -> ClusterCost:
         return dataclasses.replace(self, switch_s=switch_s, flush_on_switch=True)
     legacy: Linear | None = None  # the old model, for the `legacy` preset only
     _rank: Shape = field(init=False, repr=False)

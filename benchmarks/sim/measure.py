@@ -50,6 +50,7 @@ GRIDS = {
         "prefill": [(k, 0) for k in (256, 2048, 8192)] + [(256, p) for p in (4096, 16384, 32768)],
         "mixed": [(128, c, k, 0) for c in (2048, 8192) for k in (512, 2048)]
         + [(128, 4096, k, p) for k in (512, 2048) for p in (8192, 32768)]},
+    "none": {"decode": [], "prefill": [], "mixed": []},  # with --capture: capture times only
     "tiny": {"decode": [(1, 64), (4, 128)], "prefill": [(32, 0), (16, 64)], "mixed": [(4, 128, 32, 0), (2, 64, 16, 32)]},
 }
 
@@ -168,6 +169,39 @@ def timed(step: Step, budget_s: float = 0.6) -> tuple[float, float, int, str]:
     return samples[1], samples[0], reps, mode
 
 
+# Decode batch sizes a serving engine captures CUDA graphs for: 1, 2, 4, then every multiple of 8 up to
+# 512 (vLLM's default list for 512 sequences has this form; SGLang's is similar). A role switch that
+# changes the batch shapes an engine runs re-captures them, so this is the flip's graph-capture cost.
+CAPTURE_SIZES = [1, 2, 4] + list(range(8, 513, 8))
+
+
+def capture(m: Shard, C: int, kv_budget: float, sizes: list[int]) -> list[dict]:
+    """Time capturing one decode-step CUDA graph per batch size, largest first, into one shared
+    memory pool (as engines do), after two warm-up runs of each shape (counted apart)."""
+    rows, pool, graphs = [], None, []
+    for B in sorted(sizes, reverse=True):
+        step = Step(m, B, C, 0, 0, kv_budget)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            step()
+            step()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=pool):
+            step()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        pool = g.pool()
+        graphs.append((g, step))  # kept alive: the engine holds every graph it captured
+        rows.append({"B": B, "C": C, "warmup_ms": round((t1 - t0) * 1e3, 2), "capture_ms": round((t2 - t1) * 1e3, 2)})
+    return rows
+
+
 def ceilings(device: str) -> dict:
     if device != "cuda":
         return {}
@@ -203,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kv-budget-gb", type=float, default=30.0)
     ap.add_argument("--seconds-per-config", type=float, default=0.6, help="timing budget of one configuration")
     ap.add_argument("--run", type=int, default=1, help="written into each row, to tell repeated runs apart")
+    ap.add_argument("--capture", action="store_true",
+                    help="after each model's grid, time CUDA-graph capture of its decode step at CAPTURE_SIZES "
+                         "(capture.jsonl; CUDA only)")
     args = ap.parse_args(argv)
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -251,6 +288,13 @@ def main(argv: list[str] | None = None) -> int:
                 torch.cuda.empty_cache()
             write("steps.jsonl", row)
             print(json.dumps(row), flush=True)
+        if args.capture and device == "cuda":
+            rows = capture(m, 256, 0.0, CAPTURE_SIZES)  # one KV buffer per step: every graph stays alive
+            for r in rows:
+                write("capture.jsonl", {"model": name, **shape.row(), **r})
+            total = sum(r["warmup_ms"] + r["capture_ms"] for r in rows) / 1e3
+            print(json.dumps({"model": name, "graphs": len(rows), "capture_total_s": round(total, 2)}), flush=True)
+            torch.cuda.empty_cache()
         del m
     return 0
 

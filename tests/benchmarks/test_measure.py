@@ -24,3 +24,20 @@ def test_measure_writes_the_steps_format_on_cpu(tmp_path):
     assert len(rows) == 12 and all(r.ms > 0 for r in rows)
     info = [json.loads(x) for x in (tmp_path / "info.jsonl").read_text().splitlines()]
     assert info[0]["device"] == "cpu" and {x.get("model") for x in info[1:]} == {"tiny", "tiny-tp2"}
+
+
+def test_the_switch_cost_is_the_median_of_the_measured_captures():
+    """`GRAPH_CAPTURE_S` traces to data/h200/capture.jsonl: the median total per (model, run)."""
+    import statistics
+    from collections import defaultdict
+
+    from benchmarks.sim.cost import DATA, GRAPH_CAPTURE_S
+
+    totals: dict[tuple, float] = defaultdict(float)
+    sizes: dict[tuple, set] = defaultdict(set)
+    for line in (DATA / "capture.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        totals[row["model"], row["run"]] += (row["warmup_ms"] + row["capture_ms"]) / 1e3
+        sizes[row["model"], row["run"]].add(row["B"])
+    assert len(totals) == 4 and all(s == set(measure.CAPTURE_SIZES) for s in sizes.values())
+    assert abs(statistics.median(totals.values()) - GRAPH_CAPTURE_S) < 0.05
