@@ -119,7 +119,7 @@ HOST_TIER = KVLink("host", bytes_per_s=55.4e9, per_piece_s=2.5e-6, fixed_s=17e-6
 # 1.381 ms for 2.25 MB in 72 descriptors (vLLM issue #41230), less bytes and descriptors.
 # A role switch that re-launches an engine re-captures its CUDA graphs: measured warm-up + capture of
 # 67 decode batch sizes on an H200, median of four runs (data/h200/capture.jsonl; README derivation (d)).
-GRAPH_CAPTURE_S = 9.5
+GRAPH_CAPTURE_S = 9.4
 RDMA = KVLink("rdma", bytes_per_s=50e9, per_piece_s=0.7e-6, fixed_s=1.3e-3)
 
 
@@ -175,7 +175,7 @@ class ClusterCost:
     # Role switch. Default: the service's mechanism today (scheduler/roles.py): every engine runs
     # kv_both, a role is a routing decision, so a switch is instant and keeps the cache; in-flight
     # work finishes where it is. `restart_switch()`: an engine re-launched in its new role drains
-    # first, then re-captures CUDA graphs with an empty prefix cache. 9.5 s: measured on an H200
+    # first, then re-captures CUDA graphs with an empty prefix cache. 9.4 s: measured on an H200
     # (`data/h200/capture.jsonl`, `measure.py --capture`): 67 decode batch sizes warmed up and
     # captured in 7.6-9.5 s (Llama-3-8B twice, Qwen2.5-32B TP2 and TP4 shards); vLLM's own logs
     # show 14 s and ~6 s (PRs #11349, #46389). Weight loading and compilation are not counted.
