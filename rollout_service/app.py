@@ -37,7 +37,8 @@ def create_app(settings: Settings | None = None, redis: aioredis.Redis | None = 
         r = redis or connect(settings.redis_url)
         keys = Keys(settings.key_prefix)
         app.state.settings = settings
-        app.state.queue = Queue(r, keys, settings.lease_s, settings.max_attempts, settings.max_restarts)
+        app.state.queue = Queue(r, keys, settings.lease_s, settings.max_attempts, settings.max_restarts,
+                                replicas=settings.wait_replicas)
         app.state.store = Store(r, keys)
         app.state.registry = Registry(r, keys)
         app.state.metrics = Metrics()

@@ -8,7 +8,8 @@ from dataclasses import dataclass, fields
 
 @dataclass(slots=True)
 class Settings:
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_url: str = "redis://127.0.0.1:6379/0"  # or redis+sentinel://host:port[,host:port]/service[/db]
+    redis_wait_replicas: int = -1  # replicas a submitted batch must reach before 202; -1: 1 behind Sentinel, else 0
     key_prefix: str = "rs:"
     host: str = "127.0.0.1"
     port: int = 8000
@@ -41,6 +42,13 @@ class Settings:
                 values[f.name] = raw.strip().lower() in ("1", "true", "yes", "on") if kind is bool else kind(raw)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
+
+    @property
+    def wait_replicas(self) -> int:
+        if self.redis_wait_replicas >= 0:
+            return self.redis_wait_replicas
+        from scheduler.connection import replicated
+        return replicated(self.redis_url)
 
     @property
     def auth_enabled(self) -> bool:

@@ -163,8 +163,10 @@ def wait_http(url: str, timeout: float, child: Child | None = None) -> None:
 def wait_redis(url: str, timeout: float) -> None:
     import redis
 
+    from scheduler.connection import connect_sync
+
     deadline = time.monotonic() + timeout
-    r = redis.Redis.from_url(url)
+    r = connect_sync(url, socket_timeout=1.0, socket_connect_timeout=1.0)
     while time.monotonic() < deadline:
         try:
             r.ping()
@@ -306,11 +308,10 @@ class Bookkeeper:
     stays removed) and how often each child was restarted (for `/metrics`)."""
 
     def __init__(self, redis_url: str, prefix: str, engines: list) -> None:
-        import redis
-
+        from scheduler.connection import connect_sync
         from scheduler.keys import Keys
 
-        self.r = redis.Redis.from_url(redis_url, socket_timeout=1.0, socket_connect_timeout=1.0)
+        self.r = connect_sync(redis_url, socket_timeout=1.0, socket_connect_timeout=1.0)
         self.k = Keys(prefix)
         self.engines = engines
 

@@ -1,6 +1,22 @@
 """One way to connect to Redis, for every process (gateway, rollout and env workers, allocator).
 
     r = connect("redis://127.0.0.1:6379/0")
+    r = connect("redis+sentinel://10.0.0.1:26379,10.0.0.2:26379/mymaster/0")   # follows failovers
+
+Failover: a `redis+sentinel://` URL names Sentinels and the primary's service name; every new
+connection asks them where the primary is now, and a connection to a demoted primary
+(READONLY) is dropped as a connection error, so the retry below lands on the new primary.
+Sentinel, not Redis Cluster: every script in `scheduler.queue` touches keys of many
+trajectories, batches and tenants at once, which Cluster allows only inside one hash slot (one
+node), so it would buy no scale here and cost every key a hash tag.
+
+What a failover can lose: replication is asynchronous, so writes the old primary acknowledged
+but had not yet sent on are gone. `durable()` closes that for the one write nothing else would
+redo — a submitted batch (the gateway WAITs for a replica before answering 202). Every other
+write is redone by the lease protocol when lost: a lost claim or heartbeat lets the lease lapse
+and the trajectory runs again; a lost result leaves the trajectory running under a lease that
+lapses, so it runs again and its result is written once (the stream event with it: an SSE
+reader that had already seen the lost event sees the trajectory again, from its new run).
 
 A command that meets a dropped connection (Redis restarted, failed over, or a stale socket
 after an outage) is retried on a fresh connection with bounded, jittered back-off, so a
@@ -17,7 +33,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from dataclasses import dataclass
+from urllib.parse import unquote
 
+import redis
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
@@ -34,12 +53,85 @@ UNAVAILABLE: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutEr
 RETRIES = 6
 
 
-def connect(url: str, **kwargs) -> aioredis.Redis:
-    kwargs.setdefault("retry", Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), RETRIES))
+SENTINEL_SCHEMES = ("redis+sentinel", "sentinel")
+
+
+@dataclass(frozen=True, slots=True)
+class SentinelURL:
+    """`redis+sentinel://[:password@]host:port[,host:port...]/service[/db]`."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    service: str
+    db: int = 0
+    password: str | None = None
+
+    @classmethod
+    def parse(cls, url: str) -> SentinelURL | None:
+        scheme, sep, rest = url.partition("://")
+        if not sep or scheme not in SENTINEL_SCHEMES:
+            return None
+        auth, _, rest = rest.rpartition("@")
+        hosts, _, path = rest.partition("/")
+        parts = [p for p in path.split("/") if p]
+        if not hosts or not parts or len(parts) > 2 or (len(parts) == 2 and not parts[1].isdigit()):
+            raise ValueError(f"a Sentinel URL is redis+sentinel://host:port[,host:port]/service[/db], not {url!r}")
+        sentinels = []
+        for h in hosts.split(","):
+            host, _, port = h.rpartition(":")
+            sentinels.append((host or h, int(port) if host else 26379))
+        password = unquote(auth.partition(":")[2] or auth) if auth else None
+        return cls(tuple(sentinels), parts[0], int(parts[1]) if len(parts) == 2 else 0, password)
+
+
+def _defaults(kwargs: dict) -> dict:
     kwargs.setdefault("socket_connect_timeout", 2.0)
     kwargs.setdefault("socket_timeout", 10.0)
     kwargs.setdefault("health_check_interval", 15)  # PING a connection idle that long before use
-    return aioredis.from_url(url, **kwargs)
+    return kwargs
+
+
+def connect(url: str, **kwargs) -> aioredis.Redis:
+    kwargs.setdefault("retry", Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), RETRIES))
+    _defaults(kwargs)
+    if (sen := SentinelURL.parse(url)) is None:
+        return aioredis.from_url(url, **kwargs)
+    from redis.asyncio.sentinel import Sentinel
+
+    probe = {"socket_connect_timeout": kwargs["socket_connect_timeout"], "socket_timeout": 2.0}
+    return Sentinel(sen.sentinels, sentinel_kwargs=probe).master_for(
+        sen.service, db=sen.db, password=sen.password, **kwargs)
+
+
+def connect_sync(url: str, **kwargs) -> redis.Redis:
+    """The same, for the few synchronous callers (the `rollout up` supervisor)."""
+    _defaults(kwargs)
+    if (sen := SentinelURL.parse(url)) is None:
+        return redis.Redis.from_url(url, **kwargs)
+    from redis.sentinel import Sentinel
+
+    probe = {"socket_connect_timeout": kwargs["socket_connect_timeout"], "socket_timeout": 2.0}
+    return Sentinel(sen.sentinels, sentinel_kwargs=probe).master_for(
+        sen.service, db=sen.db, password=sen.password, **kwargs)
+
+
+def replicated(url: str) -> int:
+    """Replicas a write should reach before it is acknowledged, by default: 1 behind Sentinel."""
+    return 1 if SentinelURL.parse(url) else 0
+
+
+async def durable(r: aioredis.Redis, script, args: list, replicas: int, timeout_ms: int = 1000):
+    """Run a registered script, then WAIT (on the same connection) until `replicas` replicas
+    have it, for at most `timeout_ms`. Fewer acknowledgements are logged, not raised: the
+    write is on the primary, and refusing it would turn a slow replica into an outage."""
+    if replicas <= 0:
+        return await script(args=args)
+    pipe = r.pipeline(transaction=False)
+    await script(args=args, client=pipe)
+    pipe.wait(replicas, timeout_ms)
+    got, acked = await pipe.execute()
+    if acked < replicas:
+        log.warning("write reached %d of %d replicas within %d ms", acked, replicas, timeout_ms)
+    return got
 
 
 def unavailable(e: BaseException) -> bool:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
+from scheduler.connection import durable
 from scheduler.jobs import IllegalTransition, check_transition
 from scheduler.keys import Keys, trajectory_id
 from wire import (
@@ -275,8 +276,9 @@ class QuotaExceeded(Exception):
 
 class Queue:
     def __init__(self, redis: aioredis.Redis, keys: Keys | None = None, lease_s: float = 30.0,
-                 max_attempts: int = 3, max_restarts: int = 20):
+                 max_attempts: int = 3, max_restarts: int = 20, replicas: int = 0):
         self.r = redis
+        self.replicas = replicas  # a new batch waits for this many replicas (connection.durable)
         self.k = keys or Keys()
         self.lease_s = lease_s
         self.max_attempts = max_attempts  # failures the trajectory itself is charged for
@@ -305,7 +307,7 @@ class Queue:
             task_json = json.dumps(task)
             for s in range(req.group_size):
                 args += [trajectory_id(bid, g, s), g, s, task_json]
-        got_bid, created, *open_now = await self._enqueue(args=args)
+        got_bid, created, *open_now = await durable(self.r, self._enqueue, args, self.replicas)
         if created < 0:
             raise QuotaExceeded(tenant, int(open_now[0]), req.num_trajectories, max_open)
         got_bid = got_bid.decode() if isinstance(got_bid, bytes) else got_bid
