@@ -31,13 +31,15 @@ from wire import ErrorResponse
 
 def create_app(settings: Settings | None = None, redis: aioredis.Redis | None = None) -> FastAPI:
     settings = settings or Settings.from_env()
+    settings.tenant_weight("")  # a malformed ROLLOUT_TENANT_WEIGHTS fails here, at start
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         r = redis or connect(settings.redis_url)
         keys = Keys(settings.key_prefix)
         app.state.settings = settings
-        app.state.queue = Queue(r, keys, settings.lease_s, settings.max_attempts, settings.max_restarts)
+        app.state.queue = Queue(r, keys, settings.lease_s, settings.max_attempts, settings.max_restarts,
+                                longest_first=settings.longest_first)
         app.state.store = Store(r, keys)
         app.state.registry = Registry(r, keys)
         app.state.metrics = Metrics()

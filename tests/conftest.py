@@ -121,7 +121,7 @@ class RunningWorker:
         fleet = Fleet(registry=reg) if self.discover else \
             Fleet(self.engines or {"sim-0": (SimEngine("sim-0", seed=1), "byte")})
         self.worker = Worker(Queue(r, keys, s.lease_s, s.max_attempts, s.max_restarts), Store(r, keys), fleet,
-                             LocalEnvs(), concurrency=self.concurrency, poll_s=0.01, registry=reg)
+                             LocalEnvs(), concurrency=self.concurrency, registry=reg)
         self.loop, self.stop = asyncio.get_running_loop(), asyncio.Event()
         try:
             await self.worker.run(self.stop)
