@@ -148,6 +148,7 @@ class Worker:
         while not stop.is_set():
             try:
                 await self.fleet.probe()
+                await self.queue.report_expected(self.forecaster.expected_s())  # for longest-first
                 if self.registry is not None:
                     await self.registry.report(self.id, self.fleet.loads(), set(self.fleet.down))
                     d = self.forecaster.forecast(self.lifecycle.live(), time.monotonic())
