@@ -90,8 +90,12 @@ local function finish(p, tid, new_state, result, reward, failure, now, ready_ms)
   redis.call('HINCRBY', bkey, 'n:' .. new_state, 1)
   if old == 'running' then
     local sk = share_key(p, tenant or 'default')
-    if redis.call('HINCRBY', sk, 'running', -1) < 0 then redis.call('HSET', sk, 'running', 0) end
-    if rescore(p, tenant or 'default') == 1 then wake(p, 1) end  -- a slot under its cap came free
+    local running = redis.call('HINCRBY', sk, 'running', -1)
+    if running < 0 then redis.call('HSET', sk, 'running', 0) end
+    local cap = tonumber(redis.call('HGET', sk, 'cap') or '0')
+    -- Below its cap again with work waiting: an idle worker may claim it now. (Under no cap,
+    -- a worker is idle only when nothing is ready, so there is no one to tell.)
+    if rescore(p, tenant or 'default') == 1 and cap > 0 and running == cap - 1 then wake(p, 1) end
   elseif redis.call('DECR', p .. 'queued') < 0 then
     redis.call('SET', p .. 'queued', 0)
   end
