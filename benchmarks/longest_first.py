@@ -7,7 +7,8 @@ Redis. Per seed: a warm-up step (another draw, not timed) teaches the real forec
 environment's episode duration, which is published as a live worker does (it keeps learning
 from the FIFO run too, as a live one would between steps); then the same
 episodes run twice, once with a FIFO queue and once with `longest_first`. Prints each seed's
-makespans and their ratio, the median ratio, and writes JSON.
+makespans and their ratio (with a lower bound no order can beat: the longest episode, or all
+the work spread evenly over the slots), the median ratio, and writes JSON.
 
     python benchmarks/longest_first.py --seeds 3
 """
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import redis.asyncio as aioredis
 
-from benchmarks.sim.claims import draw_step, run_step
+from benchmarks.sim.claims import draw_step, episode_s, run_step
 from scheduler.forecast import Forecaster
 from scheduler.keys import Keys
 from scheduler.queue import Queue
@@ -40,6 +41,8 @@ async def one_seed(r: aioredis.Redis, seed: int, a) -> dict:
         step = draw_step(a.envs, a.tasks, a.group, seed * 1000 + (0 if name == "warmup" else 1))
         got = await run_step(q, step, a.group, a.slots, fc, a.decode_tok_s)
         out[name] = {"makespan_s": got.makespan_s, "env_finished_s": got.finished_s}
+        durations = [episode_s(ep, a.decode_tok_s) for eps in step.values() for ep in eps]
+        out["lower_bound_s"] = max(max(durations), sum(durations) / a.slots)  # no order can beat it
         async for k in r.scan_iter(match=f"{keys.prefix}*", count=1000):
             await r.delete(k)
     out["expected_s"] = fc.expected_s()
@@ -63,7 +66,8 @@ async def main() -> None:
     await r.aclose()
     for x in runs:
         print(f"seed {x['seed']}: makespan FIFO {x['fifo']['makespan_s']:.0f} s, longest-first "
-              f"{x['longest_first']['makespan_s']:.0f} s, ratio {x['ratio_fifo_over_longest_first']:.2f}x")
+              f"{x['longest_first']['makespan_s']:.0f} s, ratio {x['ratio_fifo_over_longest_first']:.2f}x "
+              f"(lower bound for any order {x['lower_bound_s']:.0f} s)")
     learned = ", ".join(f"{e} {s:.0f} s" for e, s in sorted(runs[-1]["expected_s"].items(), key=lambda kv: -kv[1]))
     print(f"expected episode time learned (last seed): {learned}")
     med = statistics.median(x["ratio_fifo_over_longest_first"] for x in runs)
