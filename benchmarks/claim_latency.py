@@ -76,7 +76,8 @@ async def first_claim_s(r: aioredis.Redis, keys: Keys, q: Queue, store: Store) -
     return min(started) - t0
 
 
-async def side(kind: str, n_workers: int, redis_url: str) -> tuple[aioredis.Redis, Keys, Queue, Store, list, asyncio.Event]:
+async def side(kind: str, n_workers: int, redis_url: str) -> tuple:
+    """One side's Redis client, prefix, queue, store, worker tasks and stop event."""
     r = aioredis.from_url(redis_url)
     keys = Keys(f"bench:claim:{uuid.uuid4().hex[:8]}:")
     q, store, stop = Queue(r, keys), Store(r, keys), asyncio.Event()
