@@ -178,10 +178,14 @@ local scanned = 0  -- bounds the work of one call however many stale ids lie in 
 local function group_of(tid) return string.match(tid, '^(.*)%-[0-9]+$') end
 while #out < want * 4 and scanned < 1000 do
   local picked = nil
-  for _, tenant in ipairs(redis.call('ZRANGE', p .. 'tenants', 0, 99)) do
-    local sk = share_key(p, tenant)
-    local cap = tonumber(redis.call('HGET', sk, 'cap') or '0')
-    if cap <= 0 or tonumber(redis.call('HGET', sk, 'running') or '0') < cap then picked = tenant break end
+  for page = 0, 9 do  -- the lowest share first, past tenants at their cap (at most 1,000 looked at)
+    local tenants = redis.call('ZRANGE', p .. 'tenants', page * 100, page * 100 + 99)
+    for _, tenant in ipairs(tenants) do
+      local sk = share_key(p, tenant)
+      local cap = tonumber(redis.call('HGET', sk, 'cap') or '0')
+      if cap <= 0 or tonumber(redis.call('HGET', sk, 'running') or '0') < cap then picked = tenant break end
+    end
+    if picked or #tenants < 100 then break end
   end
   if not picked then break end
   local sk, rk = share_key(p, picked), p .. 'tenant:' .. picked .. ':ready'

@@ -118,3 +118,12 @@ async def test_ids_left_in_the_old_global_list_are_moved_and_claimed(queue, redi
     await queue.reap()
     assert {(await queue.claim("w")).trajectory_id for _ in range(2)} == {f"{b.id}-0-0", f"{b.id}-1-0"}
     assert not await redis.exists(keys.legacy_queue)
+
+
+async def test_a_claim_looks_past_a_hundred_tenants_at_their_cap(queue):
+    for i in range(120):  # heavy weights keep them first in the order, but each is at its cap of 1
+        await queue.enqueue(request(2), tenant=f"capped-{i:03d}", weight=100, max_running=1)
+    assert len(await queue.claim_many("w", 500)) == 120
+    free = await queue.enqueue(request(3), tenant="free")
+    got = [await queue.claim("w") for _ in range(3)]
+    assert all(c is not None and batch_of(c.trajectory_id) == free.id for c in got)
