@@ -10,7 +10,8 @@ How ready work is kept, so that one claim can be fair across tenants and keep gr
                                   longest expected first or submission order)
     {p}batch:{bid}:ready    list  the batch's ready trajectory ids, a GRPO group's members adjacent
     {p}tenant:{t}:share     hash  weight, cap (most running at once, 0: none), running
-    {p}wake                 list  one token per trajectory made ready (capped): idle workers BLPOP it
+    {p}wake                 list  a token per trajectory made ready or slot freed under a cap
+                                  (at most WAKE_CAP): idle workers BLPOP it
 
 A claim takes the tenant with the lowest running/weight that is under its cap, that tenant's
 best-ranked batch, and the head of that batch's list; while the worker wants more and the next
