@@ -50,8 +50,7 @@ async def service(n: int, concurrency: int, redis_url: str) -> float:
     r = aioredis.from_url(redis_url)
     keys = Keys(f"bench:{uuid.uuid4().hex[:8]}:")
     q, store = Queue(r, keys), Store(r, keys)
-    worker = Worker(q, store, Fleet({"sim": (SimEngine("sim"), "byte")}), LocalEnvs(), concurrency=concurrency,
-                    poll_s=0.005)
+    worker = Worker(q, store, Fleet({"sim": (SimEngine("sim"), "byte")}), LocalEnvs(), concurrency=concurrency)
     stop = asyncio.Event()
     t0 = time.perf_counter()
     b = await q.enqueue(RolloutRequest(tasks=[{"seed": i} for i in range(n)], env="math"))

@@ -31,6 +31,7 @@ from wire import ErrorResponse
 
 def create_app(settings: Settings | None = None, redis: aioredis.Redis | None = None) -> FastAPI:
     settings = settings or Settings.from_env()
+    settings.tenant_weight("")  # a malformed ROLLOUT_TENANT_WEIGHTS fails here, at start
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -38,7 +39,7 @@ def create_app(settings: Settings | None = None, redis: aioredis.Redis | None = 
         keys = Keys(settings.key_prefix)
         app.state.settings = settings
         app.state.queue = Queue(r, keys, settings.lease_s, settings.max_attempts, settings.max_restarts,
-                                replicas=settings.wait_replicas)
+                                replicas=settings.wait_replicas, longest_first=settings.longest_first)
         app.state.store = Store(r, keys)
         app.state.registry = Registry(r, keys)
         app.state.metrics = Metrics()

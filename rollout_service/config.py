@@ -22,6 +22,9 @@ class Settings:
     max_trajectories_per_batch: int = 10_000  # tasks × group_size of one request
     max_task_bytes: int = 64 * 1024  # one task's JSON; Redis stores it once per trajectory, so × group_size
     max_open_per_tenant: int = 50_000  # a tenant's trajectories queued or running at once (0: no cap); then 429
+    max_running_per_tenant: int = 0  # a tenant's trajectories running at once (0: no cap); the rest wait queued
+    tenant_weights: str = ""  # fair-share weights, "teamA=3,teamB=1"; unnamed tenants weigh 1
+    longest_first: bool = False  # rank a tenant's batches (same priority) by expected episode time, longest first
     sse_block_ms: int = 1000
     sandbox_warm: int = 2  # env worker: idle sandboxes kept ready per spec
     sandbox_cap: int = 64  # env worker: most sandboxes of one spec alive at once
@@ -42,6 +45,17 @@ class Settings:
                 values[f.name] = raw.strip().lower() in ("1", "true", "yes", "on") if kind is bool else kind(raw)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
+
+    def tenant_weight(self, tenant: str) -> float:
+        """This tenant's fair-share weight from `tenant_weights` (1 when unnamed); ValueError
+        on a malformed setting, which `create_app` calls at start so it fails there."""
+        for item in filter(None, (x.strip() for x in self.tenant_weights.split(","))):
+            name, sep, value = item.partition("=")
+            if not sep or not name.strip() or not float(value) > 0:
+                raise ValueError(f"ROLLOUT_TENANT_WEIGHTS: {item!r} is not NAME=POSITIVE_NUMBER")
+            if name.strip() == tenant:
+                return float(value)
+        return 1.0
 
     @property
     def wait_replicas(self) -> int:

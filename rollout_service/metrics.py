@@ -44,7 +44,8 @@ class _RedisCollector:
 
     def collect(self):
         s = self.snap
-        yield GaugeMetricFamily("rollout_queue_depth", "Trajectories waiting to be claimed", value=s.depth)
+        yield GaugeMetricFamily("rollout_queue_depth", "Trajectories queued: ready to claim or backing off before a retry",
+                                value=s.depth)
         yield GaugeMetricFamily("rollout_trajectories_running", "Trajectories holding a lease", value=s.running)
         fams = {
             "finished": CounterMetricFamily("rollout_trajectories_finished", "Trajectories finished, by state",

@@ -15,6 +15,10 @@ counted as a restart, never charged to the trajectory's attempts (the queue's la
 `max_restarts` stops poison work). Redis going away never kills the worker: every Redis
 call backs off and tries again, and a result waits for Redis to return (within its lease).
 Any worker also reaps expired leases, so no separate reaper process is needed.
+
+An idle worker does not poll: it blocks on the queue's wake list (`Queue.wait`), which every
+submission and requeue pushes to, and claims as many trajectories as it has free slots in one
+call (`Queue.claim_many`: fair share across tenants, a GRPO group's members together).
 """
 
 from __future__ import annotations
@@ -49,14 +53,16 @@ class LoopDied(RuntimeError):
 
 class Worker:
     def __init__(self, queue: Queue, store: Store, fleet: Fleet, envs: EnvBackend, *,
-                 worker_id: str | None = None, concurrency: int = 16, poll_s: float = 0.05,
+                 worker_id: str | None = None, concurrency: int = 16, idle_wait_s: float = 1.0,
                  retry_backoff_s: float = 0.5, registry=None, release_on_start: bool = False):
         self.queue, self.store, self.fleet, self.envs = queue, store, fleet, envs
         self.id = worker_id or f"worker-{uuid.uuid4().hex[:8]}"
         # With a stable id, a restarted worker requeues its dead predecessor's work at start.
         self.release_on_start = release_on_start
         self.concurrency = concurrency
-        self.poll_s = poll_s
+        # Longest an idle worker blocks on the queue's wake list before looking again: bounds how
+        # late it notices a dead background loop; new work wakes it at once.
+        self.idle_wait_s = idle_wait_s
         self.heartbeat_s = max(queue.lease_s / 3, 0.05)
         self.retry_backoff_s = retry_backoff_s  # doubles per attempt
         self.registry = registry  # where engine loads and health are reported for everyone to see
@@ -69,7 +75,6 @@ class Worker:
     async def run(self, stop: asyncio.Event) -> None:
         reaper = asyncio.create_task(self._reap_forever(stop))
         prober = asyncio.create_task(self._probe_forever(stop))
-        idle = self.poll_s
         backoff = Backoff()
         try:
             while self.release_on_start and not stop.is_set():
@@ -90,28 +95,41 @@ class Worker:
                     await asyncio.wait(self._active, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
                     continue
                 try:
-                    claim = await self.queue.claim(self.id)
+                    # As many as there are free slots: a GRPO group's members come together.
+                    claims = await self.queue.claim_many(self.id, self.concurrency - len(self._active))
+                    if not claims:
+                        await self._wait_for_work(stop)
                 except UNAVAILABLE:
                     log.warning("Redis unavailable; waiting to claim work")
                     await backoff.wait()
                     continue
                 backoff.reset()
-                if claim is None:
-                    # Back off while idle (bounded), so an empty queue costs little.
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stop.wait(), idle)
-                    idle = min(idle * 2, 0.5)
-                    continue
-                idle = self.poll_s
-                task = asyncio.create_task(self._handle(claim))
-                self._active.add(task)
-                task.add_done_callback(self._active.discard)
+                for claim in claims:
+                    task = asyncio.create_task(self._handle(claim))
+                    self._active.add(task)
+                    task.add_done_callback(self._active.discard)
         finally:
             reaper.cancel()
             prober.cancel()
             for t in list(self._active):
                 t.cancel()
             await asyncio.gather(*self._active, reaper, prober, return_exceptions=True)
+
+    async def _wait_for_work(self, stop: asyncio.Event) -> None:
+        """Block on the queue's wake list (a submission or requeue wakes us within a round trip)
+        until `idle_wait_s`, or until told to stop."""
+        waiter = asyncio.create_task(self.queue.wait(self.idle_wait_s))
+        stopper = asyncio.create_task(stop.wait())
+        try:
+            await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopper.cancel()
+            if not waiter.done():
+                waiter.cancel()  # redis-py drops the blocked connection rather than reuse it
+            with contextlib.suppress(asyncio.CancelledError):
+                await stopper
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiter  # re-raises a Redis error for the caller's back-off
 
     async def _reap_forever(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -130,6 +148,7 @@ class Worker:
         while not stop.is_set():
             try:
                 await self.fleet.probe()
+                await self.queue.report_expected(self.forecaster.expected_s())  # for longest-first
                 if self.registry is not None:
                     await self.registry.report(self.id, self.fleet.loads(), set(self.fleet.down))
                     d = self.forecaster.forecast(self.lifecycle.live(), time.monotonic())

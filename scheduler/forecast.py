@@ -1,7 +1,8 @@
 """Short-horizon forecast of prefill and decode demand, learned from lifecycle transitions.
 
 The forecaster is a lifecycle `Observer`: from every transition it learns, per environment,
-the response length by turn and the chance an episode ends after a turn's step, and per
+the response length by turn, the chance an episode ends after a turn's step and an episode's
+duration (`expected_s`, which the queue's longest-first ranking reads), and per
 (environment, tool) the tool-latency distribution and the observation length. From the live
 trajectories it then forecasts what the engines will be asked for in the next `horizon_s`:
 
@@ -95,6 +96,7 @@ class EnvStats:
     stepped: list = field(default_factory=lambda: [0.0] * TURN_BUCKETS)
     tools: dict = field(default_factory=dict)  # tool name -> ToolStats
     period: Mean = field(default_factory=Mean)  # turn arrival to next turn arrival, seconds
+    duration: Mean = field(default_factory=Mean)  # a whole episode's active seconds, submit to done
 
 
 @dataclass(slots=True)
@@ -228,6 +230,8 @@ class Forecaster:
                 b = min(t.turn, TURN_BUCKETS - 1)
                 s.stepped[b] += 1
                 s.ended[b] += 1
+            if learn:
+                s.duration.add(ch.now - t.submitted_at)
             self._open_turn.pop(t.id, None)
             self._arrived.pop(t.id, None)
 
@@ -260,6 +264,11 @@ class Forecaster:
         """Seconds from one turn's arrival to the next one's, in this environment."""
         prior = self.prior.tool_latency_s + self.prior.response_tokens / self.prior.decode_tok_s
         return max(self._env(env).period.get(prior), 1e-3)
+
+    def expected_s(self) -> dict[str, float]:
+        """Mean active seconds of one episode, per environment seen to finish one: what the
+        queue ranks batches by when it runs the longest-expected first."""
+        return {env: s.duration.value for env, s in self._envs.items() if s.duration.n}
 
     def observation_tokens(self, env: str, tool: str | None) -> float:
         return self._tool(env, tool).observation.get(self.prior.observation_tokens)

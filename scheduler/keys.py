@@ -1,6 +1,13 @@
 """Every Redis key the system uses, in one place.
 
-    {p}queue                      list   trajectory ids ready to run (RPUSH in, LPOP out)
+    {p}tenants                    zset   tenants with ready work -> running / weight (claim takes the lowest)
+    {p}tenant:{t}:ready           zset   a tenant's batches with ready work -> rank (priority, expected length, age)
+    {p}tenant:{t}:share           hash   weight, cap (most running at once), running
+    {p}batch:{bid}:ready          list   a batch's trajectory ids ready to run (a group's members adjacent)
+    {p}queued                     string trajectories queued (ready or backing off)
+    {p}wake                       list   wake tokens (capped) that idle workers BLPOP instead of polling
+    {p}expected                   hash   env -> expected seconds of one episode (workers' forecasters)
+    {p}queue                      list   (old versions: one global ready list; the reaper drains it)
     {p}leases                     zset   trajectory id -> lease deadline (ms since epoch)
     {p}delayed                    zset   trajectory id -> when a retry may run again (ms since epoch)
     {p}batches                    zset   batch id -> created at (s)
@@ -27,7 +34,7 @@
     {p}session:{sid}              hash   tenant, trajectory json of an OpenAI-compatible session
 
 The prefix lets several deployments (or tests) share one Redis. The Lua scripts in
-`scheduler.queue` build the same names from the prefix (a script may only touch keys it can
+`scheduler.lua` build the same names from the prefix (a script may only touch keys it can
 name); the tests read everything back through `Keys`, so a drift between the two fails them.
 """
 
@@ -51,8 +58,33 @@ class Keys:
     prefix: str = "rs:"
 
     @property
-    def queue(self) -> str:
+    def legacy_queue(self) -> str:
         return f"{self.prefix}queue"
+
+    @property
+    def tenants(self) -> str:
+        return f"{self.prefix}tenants"
+
+    def tenant_ready(self, tenant: str) -> str:
+        return f"{self.prefix}tenant:{tenant}:ready"
+
+    def tenant_share(self, tenant: str) -> str:
+        return f"{self.prefix}tenant:{tenant}:share"
+
+    def batch_ready(self, bid: str) -> str:
+        return f"{self.prefix}batch:{bid}:ready"
+
+    @property
+    def queued(self) -> str:
+        return f"{self.prefix}queued"
+
+    @property
+    def wake(self) -> str:
+        return f"{self.prefix}wake"
+
+    @property
+    def expected(self) -> str:
+        return f"{self.prefix}expected"
 
     @property
     def leases(self) -> str:

@@ -90,9 +90,11 @@ def gateway(settings):
 class RunningWorker:
     """A rollout worker (simulated engine, in-process envs) on its own thread and loop."""
 
-    def __init__(self, settings: Settings, engines=None, concurrency: int = 8, discover: bool = False):
+    def __init__(self, settings: Settings, engines=None, concurrency: int = 8, discover: bool = False,
+                 idle_wait_s: float = 1.0):
         """`engines`: id -> (engine, tokenizer spec); `discover`: use the registry instead."""
         self.settings, self.engines, self.concurrency, self.discover = settings, engines, concurrency, discover
+        self.idle_wait_s = idle_wait_s
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.stop: asyncio.Event | None = None
@@ -121,7 +123,8 @@ class RunningWorker:
         fleet = Fleet(registry=reg) if self.discover else \
             Fleet(self.engines or {"sim-0": (SimEngine("sim-0", seed=1), "byte")})
         self.worker = Worker(Queue(r, keys, s.lease_s, s.max_attempts, s.max_restarts), Store(r, keys), fleet,
-                             LocalEnvs(), concurrency=self.concurrency, poll_s=0.01, registry=reg)
+                             LocalEnvs(), concurrency=self.concurrency, registry=reg,
+                             idle_wait_s=self.idle_wait_s)
         self.loop, self.stop = asyncio.get_running_loop(), asyncio.Event()
         try:
             await self.worker.run(self.stop)

@@ -159,7 +159,8 @@ class RolloutClient(_Base):
 
     def submit(self, tasks: list[dict[str, Any]], env: str, group_size: int = 1,
                sampling: dict | SamplingParams | None = None, **kw: Any) -> BatchCreated:
-        """Queue a batch; returns at once. kw: max_turns, max_total_tokens, deadline_s, idempotency_key, ..."""
+        """Queue a batch; returns at once. kw: max_turns, max_total_tokens, deadline_s, idempotency_key,
+        priority (-100..100: among your batches, higher runs first), ..."""
         return BatchCreated.model_validate(self._req("POST", "/v1/batches",
                                                      json=self.build(tasks, env, group_size, sampling, **kw)))
 

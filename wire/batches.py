@@ -101,6 +101,9 @@ class RolloutRequest(Input):
     deadline_s: Annotated[float, Field(gt=0, le=86_400)] | None = Field(
         None, description="Active-time limit per trajectory (generation and tool time, not time queued).")
     idempotency_key: str | None = Field(None, min_length=1, max_length=200)
+    priority: Int = Field(0, ge=-100, le=100, description="Among this tenant's batches, higher runs first (then the "
+                                                          "longest expected, or the oldest). Other tenants' fair "
+                                                          "share is unaffected.")
     model: str | None = Field(None, max_length=200, description="Served model name; None means any engine.")
     metadata: dict[str, str] = Field(default_factory=dict, max_length=32)
     context: Literal["append", "rerender"] = Field(

@@ -46,12 +46,14 @@ async def states() -> StateRules:
 @router.post("/batches", response_model=BatchCreated, status_code=202, responses={429: _QUOTA})
 async def submit(request: Request, body: RolloutRequest, who: Principal = Caller) -> BatchCreated:
     """Queue a batch and return at once. The same `idempotency_key` returns the same batch.
-    Bounded: tasks × group_size, bytes per task, and the tenant's open trajectories (429)."""
+    Bounded: tasks × group_size, bytes per task, and the tenant's open trajectories (429).
+    Claimed in weighted fair share across tenants, then by `priority` among the tenant's batches."""
     settings = request.app.state.settings
     limits.check_batch(body, settings)
     try:
-        created = await request.app.state.queue.enqueue(body, tenant=who.tenant,
-                                                        max_open=settings.max_open_per_tenant)
+        created = await request.app.state.queue.enqueue(
+            body, tenant=who.tenant, max_open=settings.max_open_per_tenant,
+            weight=settings.tenant_weight(who.tenant), max_running=settings.max_running_per_tenant)
     except QuotaExceeded as exc:
         raise limits.quota_exceeded(exc) from None
     if created.created:

@@ -46,7 +46,7 @@ async def test_the_batch_cap_counts_tasks_times_group_size(settings, redis, keys
                                         "group_size": 256})
         err = error(r, 422, "too_many_trajectories")
         assert err["details"] == {"trajectories": 256_000, "limit": settings.max_trajectories_per_batch}
-    assert await redis.llen(keys.queue) == 0
+    assert await redis.get(keys.queued) is None
 
 
 async def test_the_cap_holds_at_its_edge_and_queues_nothing_past_it(settings, redis, keys):
@@ -57,7 +57,7 @@ async def test_the_cap_holds_at_its_edge_and_queues_nothing_past_it(settings, re
             err = error(c.post("/v1/batches", json=body), 422, "too_many_trajectories")
             assert err["details"]["limit"] == 12
         assert len(c.get("/v1/batches").json()) == 1
-    assert await redis.llen(keys.queue) == 12  # only the batch at the limit
+    assert int(await redis.get(keys.queued)) == 12  # only the batch at the limit
 
 
 def test_a_task_over_its_size_limit_is_422_naming_it(settings):

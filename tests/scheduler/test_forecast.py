@@ -94,3 +94,18 @@ def test_conditional_return_probability():
     for _ in range(600):  # bounded: old samples leave
         lat.add(100.0)
     assert len(lat.ordered) == lat.maxlen and lat.returns_within(0.0, 50.0, 1.0) == 0.0
+
+
+def test_expected_episode_time_is_learned_per_env_from_submit_to_done():
+    fc = Forecaster()
+    lc = Lifecycle(observers=[fc])
+    for i, (env, seconds) in enumerate([("short", 2.0), ("short", 4.0), ("long", 50.0)]):
+        tid = f"t{i}"
+        lc.on_submit(tid, env, 10, now=100.0)
+        lc.on_prefill(tid, 10, now=100.0)
+        lc.on_decode(tid, now=100.5)
+        lc.on_tool(tid, 20, now=101.0, tool="x")
+        lc.on_prefill(tid, 5, now=101.5)
+        lc.on_decode(tid, now=101.5)
+        lc.on_done(tid, now=100.0 + seconds, response_tokens=7)
+    assert fc.expected_s() == {"short": 3.0, "long": 50.0}  # an env never finished is absent
