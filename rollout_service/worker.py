@@ -70,6 +70,10 @@ class Worker:
         self.forecaster = Forecaster()
         self.lifecycle = Lifecycle(observers=[self.forecaster])
         self._active: set[asyncio.Task] = set()
+        # The handler running each trajectory here. A lease can lapse while its holder still runs
+        # (Redis away longer than the lease, a failover that lost the lease): the trajectory is
+        # requeued and may come back to this same worker while the old episode still runs.
+        self._handlers: dict[str, asyncio.Task] = {}
         self.finished = 0
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -200,6 +204,21 @@ class Worker:
             return True
 
     async def _handle(self, claim: Claim) -> None:
+        tid = claim.trajectory_id
+        older = self._handlers.get(tid)
+        self._handlers[tid] = asyncio.current_task()
+        try:
+            if older is not None and not older.done():  # its lease is gone: the new claim supersedes it
+                log.warning("claimed again while an older episode still ran; dropping the older one",
+                            extra={"trajectory_id": tid})
+                older.cancel()
+                await asyncio.wait({older})
+            await self._handle_claim(claim)
+        finally:
+            if self._handlers.get(tid) is asyncio.current_task():
+                del self._handlers[tid]
+
+    async def _handle_claim(self, claim: Claim) -> None:
         try:
             work = await self.store.work(claim.trajectory_id)
         except UNAVAILABLE as e:  # Redis went away between claim and load: not the trajectory's fault
@@ -222,6 +241,9 @@ class Worker:
                     break
         except LeaseLost:
             episode.cancel()
+            await asyncio.wait({episode})  # let it end (and its own error, if it had one, be read)
+            if not episode.cancelled():
+                episode.exception()
             log.warning("lease lost; dropping the result", extra={"trajectory_id": claim.trajectory_id})
             return
         except asyncio.CancelledError:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 import time
 
 from rollout_service.engines.base import EngineError
@@ -211,3 +212,40 @@ async def test_turns_are_durable_as_they_finish_and_a_rerun_does_not_mix_them(se
     assert t.state is TrajectoryState.truncated and t.restarts >= 1
     assert [x.index for x in t.turns] == [0, 1, 2] and {x.engine_id for x in t.turns} == {"second"}
     assert not await redis.exists(keys.traj_turns(tid))
+
+
+class FirstCallWaits(SimEngine):
+    """The first request waits until `release` is set (a turn stuck in the engine); later ones answer."""
+
+    def __init__(self):
+        super().__init__("stuck")
+        self.release, self.calls = threading.Event(), 0
+
+    async def generate(self, req):
+        self.calls += 1
+        if self.calls == 1:
+            while not self.release.is_set():
+                await asyncio.sleep(0.02)
+        return await super().generate(req)
+
+
+async def test_a_trajectory_claimed_again_by_its_own_worker_supersedes_the_old_episode(settings, redis, keys):
+    """A lease can lapse while its holder still runs (Redis away past the lease, a failover that
+    lost it); the requeued trajectory may come back to the same worker. The new claim must
+    replace the old episode, not collide with it (once: 'already live', charged as an attempt)."""
+    settings = dataclasses.replace(settings, lease_s=60.0)  # heartbeats 20 s apart: none in this test
+    q, store = Queue(redis, keys, settings.lease_s, settings.max_attempts), Store(redis, keys)
+    engine = FirstCallWaits()
+    b = await q.enqueue(RolloutRequest(tasks=[{"seed": 1}], env="math"))
+    tid = f"{b.id}-0-0"
+    with RunningWorker(settings, engines={"stuck": (engine, "byte")}):
+        while engine.calls == 0:  # the first episode is inside the engine
+            await asyncio.sleep(0.02)
+        await redis.zadd(keys.leases, {tid: 0})  # its lease lapses while it still runs
+        assert await q.reap() == (1, 0)
+        while engine.calls < 2:  # claimed again, by the only worker there is
+            await asyncio.sleep(0.02)
+        engine.release.set()
+        await wait_done(store, b.id)
+    t = await store.trajectory(tid)
+    assert t.state is TrajectoryState.completed and t.attempts == 1 and t.restarts == 1, (t.attempts, t.failure)
