@@ -11,7 +11,8 @@ see a running trajectory's turns and a crash loses at most the turn in progress.
 change out of `running` drops that list: a requeued trajectory reruns from its first turn
 (no turn of the lost attempt mixes with the rerun's), and a terminal one has them in its result.
 
-Reads (status, pages, events) live in `scheduler.store`.
+Results and live turns are stored packed (`wire.packed`); a result goes to the `ResultStore`
+given (inline in Redis by default). Reads (status, pages, events) live in `scheduler.store`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import redis.asyncio as aioredis
 
 from scheduler.jobs import IllegalTransition, check_transition
 from scheduler.keys import Keys, trajectory_id
+from scheduler.results import RedisResults, ResultStore
 from wire import (
     BatchCreated,
     Failure,
@@ -35,6 +37,7 @@ from wire import (
     TrajectoryState,
     Turn,
 )
+from wire.packed import pack_trajectory, pack_turn
 
 # Shared Lua: move trajectory `tid` (hash `tkey`) of batch hash `bkey` to a new state,
 # keeping per-state counters, the lease zset, the queue and the event stream consistent.
@@ -275,9 +278,10 @@ class QuotaExceeded(Exception):
 
 class Queue:
     def __init__(self, redis: aioredis.Redis, keys: Keys | None = None, lease_s: float = 30.0,
-                 max_attempts: int = 3, max_restarts: int = 20):
+                 max_attempts: int = 3, max_restarts: int = 20, results: ResultStore | None = None):
         self.r = redis
         self.k = keys or Keys()
+        self.results = results or RedisResults()  # where complete() puts the packed result
         self.lease_s = lease_s
         self.max_attempts = max_attempts  # failures the trajectory itself is charged for
         self.max_restarts = max_restarts  # restarts that were our fault: only stops poison work
@@ -331,7 +335,7 @@ class Queue:
         """Record a finished turn of the running attempt (durable from here). Raises LeaseLost
         when `claim` no longer holds the lease: a writer without it never appends."""
         got = await self._turn(args=[self.k.prefix, claim.trajectory_id, claim.token, turn.index,
-                                     turn.model_dump_json()])
+                                     pack_turn(turn)])
         if got == 0:
             raise LeaseLost(claim.trajectory_id)
         if got < 0:
@@ -344,8 +348,14 @@ class Queue:
         check_transition(TrajectoryState.running, traj.state)
         failure = traj.failure.model_dump_json() if traj.failure else ""
         reward = "" if traj.reward is None else repr(traj.reward)
+        # The result is kept first and recorded by the script: a reader never sees a terminal
+        # state without its result. A lost race leaves a blob nobody recorded: drop it.
+        recorded = await self.results.put(traj.batch_id, claim.trajectory_id, claim.token,
+                                          pack_trajectory(traj.model_copy(update={"training_samples": None})))
         got = await self._finish(args=[self.k.prefix, claim.trajectory_id, claim.token, traj.state.value,
-                                       traj.model_dump_json(), reward, failure, time.time(), 0, ""])
+                                       recorded, reward, failure, time.time(), 0, ""])
+        if not got:
+            await self.results.discard(recorded)
         if got:
             pipe = self.r.pipeline(transaction=False)
             pipe.hincrby(self.k.stats, "tokens:sampled", sum(len(t.output_ids) for t in traj.turns))

@@ -83,7 +83,7 @@ def test_bad_input_is_4xx_with_one_error_shape(gateway):
             c.get("/v1/batches/nope/events"),
             c.get("/v1/nowhere"),
         ]
-        bid = c.post("/v1/batches", json=BATCH).json()["batch_id"]
+        bid = c.post("/v1/batches", json=BATCH).json()["id"]
         cases += [  # out-of-range input on a batch that exists (a cursor past int64 once reached Redis: 500)
             c.get(f"/v1/batches/{bid}/trajectories", params={"cursor": 66514192454484418560}),
             c.get(f"/v1/batches/{bid}/events", params={"after": "not-an-id"}),

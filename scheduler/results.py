@@ -1,0 +1,146 @@
+"""Where finished trajectories live: a `ResultStore` holds each one's packed bytes (`wire.packed`).
+
+    RedisResults   the bytes inline in the trajectory's hash (the default; small deployments)
+    FileResults    one file per trajectory under a directory (one node, or a shared filesystem)
+
+The queue writes a result with `put` before the finishing script runs, and the script records
+what `put` returned in the trajectory's `result` field, atomically with its state: inline, that
+is the packed trajectory itself; for a blob store, a reference `blob:{key}`. The key carries the
+lease token, so a writer whose lease lapsed can never overwrite the winner's blob; the loser's
+blob is discarded at once. Every recorded value says what it is (a reference starts with
+`blob:`, a packed trajectory with a msgpack map byte, a result written before this module with
+`{`), so results written under another store stay readable after a deployment switches.
+
+S3-compatible object storage is not implemented: see docs/results.md for why and what it needs.
+
+Non-goals: caching, and deciding when results go (`scheduler.retention` does, per batch).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Protocol
+from urllib.parse import urlparse
+
+from wire import Trajectory
+from wire.packed import pack_trajectory
+
+BLOB = b"blob:"
+_SAFE = re.compile(r"^[A-Za-z0-9_.-]+$")  # batch and trajectory ids, lease tokens: never a path
+
+
+class ResultStore(Protocol):
+    """Holds packed trajectories. Only `put` writes; `get` takes the values `put` returned."""
+
+    async def put(self, batch_id: str, trajectory_id: str, token: str, packed: bytes) -> bytes:
+        """Keep `packed`; returns what the trajectory's `result` field records."""
+        ...
+
+    async def get(self, recorded: list[bytes]) -> list[bytes | None]:
+        """The packed bytes for each recorded value (None where a blob is gone)."""
+        ...
+
+    async def discard(self, recorded: bytes) -> None:
+        """Forget one result that lost the race to finish (never recorded in Redis)."""
+        ...
+
+    async def drop_batch(self, batch_id: str) -> None:
+        """Forget every result of a batch (retention); Redis keys are `scheduler.retention`'s."""
+        ...
+
+
+def legacy(recorded: bytes) -> bool:
+    """A result stored as JSON, before the compact form."""
+    return recorded[:1] == b"{"
+
+
+def repack(recorded: bytes) -> bytes:
+    return pack_trajectory(Trajectory.model_validate_json(recorded))
+
+
+class RedisResults:
+    """The result is the recorded value itself: nothing to write, fetch or delete elsewhere."""
+
+    async def put(self, batch_id: str, trajectory_id: str, token: str, packed: bytes) -> bytes:
+        return packed
+
+    async def get(self, recorded: list[bytes]) -> list[bytes | None]:
+        return [repack(v) if legacy(v) else v for v in recorded]
+
+    async def discard(self, recorded: bytes) -> None:
+        return None
+
+    async def drop_batch(self, batch_id: str) -> None:
+        return None
+
+
+class FileResults:
+    """One file per result, `{root}/{batch}/{trajectory}.{token}.msgpack`, written atomically
+    (a temporary file renamed into place). File I/O runs in a thread, off the event loop."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, key: str) -> Path:
+        parts = key.split("/")
+        if len(parts) != 2 or not all(_SAFE.match(p) for p in parts):
+            raise ValueError(f"not a result key: {key!r}")
+        return self.root / parts[0] / parts[1]
+
+    def _write(self, key: str, packed: bytes) -> None:
+        path = self._path(key)
+        path.parent.mkdir(exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(packed)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+
+    def _read(self, recorded: list[bytes]) -> list[bytes | None]:
+        out: list[bytes | None] = []
+        for v in recorded:
+            if not v.startswith(BLOB):
+                out.append(repack(v) if legacy(v) else v)  # written while the store was Redis
+                continue
+            try:
+                out.append(self._path(v[len(BLOB):].decode()).read_bytes())
+            except FileNotFoundError:
+                out.append(None)
+        return out
+
+    async def put(self, batch_id: str, trajectory_id: str, token: str, packed: bytes) -> bytes:
+        key = f"{batch_id}/{trajectory_id}.{token}.msgpack"
+        await asyncio.to_thread(self._write, key, packed)
+        return BLOB + key.encode()
+
+    async def get(self, recorded: list[bytes]) -> list[bytes | None]:
+        return await asyncio.to_thread(self._read, recorded)
+
+    async def discard(self, recorded: bytes) -> None:
+        if recorded.startswith(BLOB):
+            await asyncio.to_thread(self._path(recorded[len(BLOB):].decode()).unlink, True)
+
+    async def drop_batch(self, batch_id: str) -> None:
+        if not _SAFE.match(batch_id):
+            raise ValueError(f"not a batch id: {batch_id!r}")
+        await asyncio.to_thread(shutil.rmtree, self.root / batch_id, True)
+
+
+def result_store(url: str) -> ResultStore:
+    """`redis` (inline, the default) or `file:///absolute/dir` (one node's filesystem)."""
+    if url in ("", "redis"):
+        return RedisResults()
+    parsed = urlparse(url)
+    if parsed.scheme == "file" and parsed.path:
+        return FileResults(parsed.path)
+    raise ValueError(f"result store {url!r}: expected 'redis' or file:///DIR (S3 is not implemented: "
+                     "see docs/results.md)")
