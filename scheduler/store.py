@@ -14,7 +14,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from scheduler.keys import Keys
-from scheduler.results import RedisResults, ResultStore
+from scheduler.results import RedisResults, ResultStore, plain
 from wire import (
     BatchState,
     BatchStatus,
@@ -75,10 +75,11 @@ class Store:
     async def trajectory(self, tid: str) -> Trajectory | None:
         """The result once terminal; before that the spec, with the running attempt's turns so far."""
         got = (await self._load([tid]))[0]
-        return unpack(unpack_trajectory(got)) if isinstance(got, bytes) else got
+        return unpack(unpack_trajectory(plain(got))) if isinstance(got, bytes) else got
 
     async def trajectory_packed(self, tid: str) -> bytes | None:
-        """`trajectory` in the compact form (`wire.packed`): a stored result is served as stored."""
+        """`trajectory` in the compact form (`wire.packed`) as stored: a zstd frame (`plain` opens
+        it) when terminal; a running one is packed now, uncompressed."""
         got = (await self._load([tid]))[0]
         return pack_trajectory(got) if isinstance(got, Trajectory) else got
 
@@ -86,11 +87,11 @@ class Store:
                            state: TrajectoryState | None = None) -> tuple[list[Trajectory], int | None]:
         """A page in submission order; the cursor is an offset into the batch."""
         got, nxt = await self._page(bid, cursor, limit, state)
-        return [unpack(unpack_trajectory(t)) if isinstance(t, bytes) else t for t in got], nxt
+        return [unpack(unpack_trajectory(plain(t))) if isinstance(t, bytes) else t for t in got], nxt
 
     async def trajectories_packed(self, bid: str, cursor: int = 0, limit: int = 50,
                                   state: TrajectoryState | None = None) -> tuple[list[bytes], int | None]:
-        """`trajectories` in the compact form, each one packed."""
+        """`trajectories` in the compact form, each one as `trajectory_packed` has it."""
         got, nxt = await self._page(bid, cursor, limit, state)
         return [pack_trajectory(t) if isinstance(t, Trajectory) else t for t in got], nxt
 

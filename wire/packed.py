@@ -13,8 +13,11 @@ Logprobs are float32 here and at rest: engines compute them in float32 (vLLM's a
 float32 values), so nothing an engine returned is lost; a float64 value from elsewhere is
 rounded to the nearest float32. Token ids must fit in int32 (every vocabulary does).
 
-Non-goals: compression (the arrays are near-random bytes; a general compressor buys little and
-costs CPU on both ends), and any field the JSON form lacks. `Trajectory` stays the one schema:
+Over HTTP the compact form comes with `Content-Encoding: zstd` when the request's
+`Accept-Encoding` admits zstd (httpx does when `zstandard` is installed, and decodes it itself);
+otherwise plain. Compression is HTTP's business, not this format's: what is decoded is this.
+
+Non-goals: any field the JSON form lacks. `Trajectory` stays the one schema:
 the packed models below are built from its fields, so a field added there appears here.
 
 Example:
@@ -181,12 +184,13 @@ def with_samples(raw: bytes) -> bytes:
 def page_bytes(items: list[bytes], next_cursor: int | None) -> bytes:
     """A compact `TrajectoryPage` from trajectories already packed (as stored): msgpack lets a
     map's values be written one after another, so the stored bytes are copied, not re-encoded."""
-    out = bytearray(b"\x82")  # a map of 2
-    out += msgpack.packb("items") + _array_header(len(items))
-    for raw in items:
-        out += raw
-    out += msgpack.packb("next_cursor") + msgpack.packb(next_cursor)
-    return bytes(out)
+    head, tail = page_parts(len(items), next_cursor)
+    return b"".join([head, *items, tail])
+
+
+def page_parts(n: int, next_cursor: int | None) -> tuple[bytes, bytes]:
+    """What goes before and after `n` packed trajectories to make a compact `TrajectoryPage`."""
+    return b"\x82" + msgpack.packb("items") + _array_header(n), msgpack.packb("next_cursor") + msgpack.packb(next_cursor)
 
 
 def _array_header(n: int) -> bytes:

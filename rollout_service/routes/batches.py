@@ -12,6 +12,7 @@ from rollout_service.auth import Principal
 from rollout_service.routes import formats
 from rollout_service.routes.deps import owned_batch, principal
 from scheduler.keys import batch_of
+from scheduler.results import plain
 from scheduler.queue import QuotaExceeded
 from wire import (
     BatchCreated,
@@ -25,7 +26,7 @@ from wire import (
     TrajectoryState,
 )
 from wire.errors import ApiError, NotFound
-from wire.packed import MEDIA_TYPE, page_bytes, with_samples
+from wire.packed import MEDIA_TYPE, with_samples
 
 router = APIRouter(prefix="/v1", tags=["batches"], responses={404: {"model": ErrorResponse},
                                                                 422: {"model": ErrorResponse}})
@@ -105,7 +106,8 @@ async def trajectories(request: Request, bid: str, cursor: int = Query(0, ge=0, 
     store = request.app.state.store
     if kind == MEDIA_TYPE:
         packed, nxt = await store.trajectories_packed(bid, cursor, limit, state)
-        return formats.packed_response(page_bytes([with_samples(p) for p in packed] if samples else packed, nxt))
+        return formats.packed_response([with_samples(plain(p)) for p in packed] if samples else packed,
+                                       formats.zstd_ok(request.headers.get("accept-encoding")), page=(nxt,))
     items, nxt = await store.trajectories(bid, cursor, limit, state)
     return TrajectoryPage(items=[t.with_samples() for t in items] if samples else items, next_cursor=nxt)
 
@@ -129,7 +131,8 @@ async def trajectory(request: Request, tid: str, samples: bool = Query(False, de
         packed = await store.trajectory_packed(tid)
         if packed is None:
             raise NotFound(f"no trajectory {tid!r}")
-        return formats.packed_response(with_samples(packed) if samples else packed)
+        return formats.packed_response([with_samples(plain(packed)) if samples else packed],
+                                       formats.zstd_ok(request.headers.get("accept-encoding")))
     traj = await store.trajectory(tid)
     if traj is None:
         raise NotFound(f"no trajectory {tid!r}")

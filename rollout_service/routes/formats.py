@@ -5,6 +5,9 @@
     Accept: text/csv (only types we cannot serve)           -> 406 not_acceptable, naming ours
     Accept: application/msgpack;q=abc (malformed q)         -> 400 invalid_request
 
+The compact form goes out with `Content-Encoding: zstd` when `Accept-Encoding` admits zstd
+(results are stored as zstd frames: no work), otherwise plain.
+
 Where several types are acceptable the highest `q` wins, then the more specific type
 (`application/msgpack, */*` is msgpack; `*/*` alone is JSON). Non-goals: other formats.
 """
@@ -15,7 +18,8 @@ from fastapi import Response
 
 from wire import ErrorResponse
 from wire.errors import ApiError
-from wire.packed import MEDIA_TYPE, MEDIA_TYPES
+from scheduler.results import ZSTD, compress, plain
+from wire.packed import MEDIA_TYPE, MEDIA_TYPES, page_parts
 
 JSON = "application/json"
 _JSON_RANGES = {JSON: 2, "application/*": 1, "*/*": 0}  # media range -> specificity
@@ -57,8 +61,32 @@ def negotiate(accept: str | None) -> str:
     return best[2]
 
 
-def packed_response(body: bytes) -> Response:
-    return Response(content=body, media_type=MEDIA_TYPE, headers={"Vary": "Accept"})
+def zstd_ok(accept_encoding: str | None) -> bool:
+    """Whether `Accept-Encoding` admits zstd (by name or `*`, with q > 0)."""
+    for part in (accept_encoding or "").split(","):
+        coding, *params = (p.strip().lower() for p in part.split(";"))
+        q = next((p.partition("=")[2] for p in params if p.startswith("q=")), "1")
+        try:
+            if coding in ("zstd", "*") and float(q) > 0:
+                return True
+        except ValueError:
+            continue  # a malformed q: that coding is not admitted (the response is still readable)
+    return False
+
+
+def packed_response(stored: list[bytes], zstd: bool, page: tuple[int | None] | None = None) -> Response:
+    """One stored trajectory (`page` None), or a page of them followed by `page[0]`, the next
+    cursor. With `zstd`, stored frames go out as they are, between two small frames of our own
+    (a zstd stream may hold several frames back to back); without, each is opened."""
+    head, tail = page_parts(len(stored), page[0]) if page is not None else (b"", b"")
+    headers = {"Vary": "Accept, Accept-Encoding"}
+    if zstd:
+        parts = [compress(head) if head else b"", *(s if s[:4] == ZSTD else compress(s) for s in stored),
+                 compress(tail) if tail else b""]
+        headers["Content-Encoding"] = "zstd"
+    else:
+        parts = [head, *(plain(s) for s in stored), tail]
+    return Response(content=b"".join(parts), media_type=MEDIA_TYPE, headers=headers)
 
 
 # OpenAPI: what the two trajectory reads answer besides their JSON model.
