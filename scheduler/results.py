@@ -49,7 +49,7 @@ def compress(packed: bytes) -> bytes:
 def plain(stored: bytes) -> bytes:
     """The packed trajectory, whether stored compressed or not."""
     return zstandard.ZstdDecompressor().decompress(stored) if stored[:4] == ZSTD else stored
-_SAFE = re.compile(r"^[A-Za-z0-9_.-]+$")  # batch and trajectory ids, lease tokens: never a path
+_SAFE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$")  # batch and trajectory ids, lease tokens: never a path
 
 
 class ResultStore(Protocol):
