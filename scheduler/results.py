@@ -13,7 +13,8 @@ blob is discarded at once. Every recorded value says what it is (a reference sta
 `blob:`, a stored result with zstd's magic number or a msgpack map byte, a result written
 before this module with `{`), so results written under another store stay readable after a deployment switches.
 
-S3-compatible object storage is not implemented: see docs/results.md for why and what it needs.
+    S3Results      one object per trajectory in an S3-compatible bucket (clusters); boto3, the `s3` extra
+
 
 Non-goals: caching, and deciding when results go (`scheduler.retention` does, per batch).
 """
@@ -153,12 +154,66 @@ class FileResults:
         await asyncio.to_thread(shutil.rmtree, self.root / batch_id, True)
 
 
+class S3Results:
+    """One object per result, `{prefix}{batch}/{trajectory}.{token}.msgpack` in `bucket`, through
+    boto3 (its calls run in threads). Endpoint and credentials come from boto3's usual sources:
+    `AWS_ENDPOINT_URL` (MinIO, Ceph, a moto server, ...), `AWS_ACCESS_KEY_ID`, ... The bucket
+    must exist; a missing object reads as gone, any other S3 error is raised."""
+
+    def __init__(self, bucket: str, prefix: str = "", client=None):
+        import boto3
+
+        self.bucket, self.prefix = bucket, prefix.strip("/") + "/" if prefix.strip("/") else ""
+        self.s3 = client or boto3.client("s3")  # a client is thread-safe; one is shared by every call
+
+    def _key(self, key: str) -> str:
+        parts = key.split("/")
+        if len(parts) != 2 or not all(_SAFE.match(p) for p in parts):
+            raise ValueError(f"not a result key: {key!r}")
+        return self.prefix + key
+
+    def _read(self, v: bytes) -> bytes | None:
+        if not v.startswith(BLOB):
+            return repack(v) if legacy(v) else v
+        try:
+            return self.s3.get_object(Bucket=self.bucket, Key=self._key(v[len(BLOB):].decode()))["Body"].read()
+        except self.s3.exceptions.NoSuchKey:
+            return None
+
+    async def put(self, batch_id: str, trajectory_id: str, token: str, packed: bytes) -> bytes:
+        key = f"{batch_id}/{trajectory_id}.{token}.msgpack"
+        await asyncio.to_thread(self.s3.put_object, Bucket=self.bucket, Key=self._key(key), Body=packed)
+        return BLOB + key.encode()
+
+    async def get(self, recorded: list[bytes]) -> list[bytes | None]:
+        return list(await asyncio.gather(*(asyncio.to_thread(self._read, v) for v in recorded)))
+
+    async def discard(self, recorded: bytes) -> None:
+        if recorded.startswith(BLOB):
+            await asyncio.to_thread(self.s3.delete_object, Bucket=self.bucket,
+                                    Key=self._key(recorded[len(BLOB):].decode()))
+
+    def _drop(self, batch_id: str) -> None:
+        pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket,
+                                                                   Prefix=f"{self.prefix}{batch_id}/")
+        for page in pages:  # at most 1,000 keys a page: one delete_objects call each
+            if objects := [{"Key": o["Key"]} for o in page.get("Contents", [])]:
+                self.s3.delete_objects(Bucket=self.bucket, Delete={"Objects": objects, "Quiet": True})
+
+    async def drop_batch(self, batch_id: str) -> None:
+        if not _SAFE.match(batch_id):
+            raise ValueError(f"not a batch id: {batch_id!r}")
+        await asyncio.to_thread(self._drop, batch_id)
+
+
 def result_store(url: str) -> ResultStore:
-    """`redis` (inline, the default) or `file:///absolute/dir` (one node's filesystem)."""
+    """`redis` (inline, the default), `file:///absolute/dir` (one node's filesystem) or
+    `s3://bucket/prefix` (an S3-compatible store; endpoint and credentials as boto3 finds them)."""
     if url in ("", "redis"):
         return RedisResults()
     parsed = urlparse(url)
     if parsed.scheme == "file" and parsed.path:
         return FileResults(parsed.path)
-    raise ValueError(f"result store {url!r}: expected 'redis' or file:///DIR (S3 is not implemented: "
-                     "see docs/results.md)")
+    if parsed.scheme == "s3" and parsed.netloc:
+        return S3Results(parsed.netloc, parsed.path)
+    raise ValueError(f"result store {url!r}: expected 'redis', file:///DIR or s3://BUCKET/PREFIX")

@@ -9,13 +9,14 @@ import asyncio
 import pytest
 
 from scheduler.queue import Queue
-from scheduler.results import BLOB, ZSTD, FileResults, RedisResults, plain, result_store
+from scheduler.results import BLOB, ZSTD, FileResults, RedisResults, S3Results, plain, result_store
 from scheduler.store import Store
 from wire import RolloutRequest, Trajectory, TrajectoryState, Turn
+from tests.scheduler.conftest import s3_keys
 from wire.packed import unpack, unpack_trajectory
 
 
-def request(n_tasks=1, group=2, **kw) -> RolloutRequest:
+def request_(n_tasks=1, group=2, **kw) -> RolloutRequest:
     return RolloutRequest(tasks=[{"seed": i} for i in range(n_tasks)], env="math", group_size=group, **kw)
 
 
@@ -27,14 +28,16 @@ def result(tid: str, reward: float = 1.0) -> Trajectory:
                       env="math", task={"seed": 0}, state=TrajectoryState.completed, reward=reward, turns=turns)
 
 
-@pytest.fixture(params=["redis", "file"])
+@pytest.fixture(params=["redis", "file", "s3"])
 def results(request, tmp_path):
+    if request.param == "s3":
+        return result_store(f"s3://{request.getfixturevalue('s3')}/runs/r1")
     return RedisResults() if request.param == "redis" else FileResults(tmp_path / "results")
 
 
 async def test_a_result_reads_back_exactly_from_either_store(redis, keys, results, tmp_path):
     q, store = Queue(redis, keys, results=results), Store(redis, keys, results)
-    b = await q.enqueue(request())
+    b = await q.enqueue(request_())
     c = await q.claim("w1")
     assert await q.complete(c, result(c.trajectory_id, 0.25))
     recorded = await redis.hget(keys.traj(c.trajectory_id), "result")
@@ -42,6 +45,10 @@ async def test_a_result_reads_back_exactly_from_either_store(redis, keys, result
         files = list((tmp_path / "results" / b.id).iterdir())
         assert recorded == BLOB + f"{b.id}/{files[0].name}".encode() and len(files) == 1
         assert files[0].read_bytes()[:4] == ZSTD
+    elif isinstance(results, S3Results):
+        objects = s3_keys(results.bucket)
+        assert len(objects) == 1 and objects[0] == "runs/r1/" + recorded[len(BLOB):].decode()
+        assert objects[0].startswith(f"runs/r1/{b.id}/{c.trajectory_id}.")
     else:
         assert recorded[:4] == ZSTD  # inline, compressed
     assert await store.trajectory(c.trajectory_id) == result(c.trajectory_id, 0.25)
@@ -51,24 +58,31 @@ async def test_a_result_reads_back_exactly_from_either_store(redis, keys, result
     assert [t.state for t in page] == [TrajectoryState.completed, TrajectoryState.queued]
 
 
-async def test_a_writer_that_lost_its_lease_leaves_no_blob(redis, keys, tmp_path):
-    results = FileResults(tmp_path)
+@pytest.mark.parametrize("kind", ["file", "s3"])
+async def test_a_writer_that_lost_its_lease_leaves_no_blob(redis, keys, tmp_path, request, kind):
+    results = FileResults(tmp_path) if kind == "file" else S3Results(request.getfixturevalue("s3"))
+
+    def blobs() -> list[str]:
+        if kind == "file":
+            return [p.name for p in tmp_path.rglob("*.msgpack")]
+        return s3_keys(results.bucket)
+
     q, store = Queue(redis, keys, lease_s=0.3, results=results), Store(redis, keys, results)
-    b = await q.enqueue(request(group=1))
+    await q.enqueue(request_(group=1))
     dead = await q.claim("dying")
     await asyncio.sleep(0.4)
     assert await q.reap() == (1, 0)
     alive = await q.claim("w2")
     assert not await q.complete(dead, result(dead.trajectory_id, 0.0))  # too late: its blob is dropped
-    assert not (tmp_path / b.id).exists() or not list((tmp_path / b.id).iterdir())
+    assert blobs() == []
     assert await q.complete(alive, result(alive.trajectory_id, 1.0))
-    assert len(list((tmp_path / b.id).iterdir())) == 1
+    assert len(blobs()) == 1 and alive.token in blobs()[0]
     assert (await store.trajectory(alive.trajectory_id)).reward == 1.0
 
 
 async def test_results_written_before_a_switch_stay_readable(redis, keys, tmp_path):
     q = Queue(redis, keys)  # inline first
-    b = await q.enqueue(request())
+    b = await q.enqueue(request_())
     c = await q.claim("w1")
     await q.complete(c, result(c.trajectory_id))
     store = Store(redis, keys, FileResults(tmp_path))  # then the deployment moves to files
@@ -79,7 +93,7 @@ async def test_results_written_before_a_switch_stay_readable(redis, keys, tmp_pa
 @pytest.mark.parametrize("which", ["redis", "file"])
 async def test_a_result_stored_as_json_before_the_compact_form_reads_back(redis, keys, tmp_path, which):
     q = Queue(redis, keys)
-    await q.enqueue(request(group=1))
+    await q.enqueue(request_(group=1))
     c = await q.claim("w1")
     await q.complete(c, result(c.trajectory_id))
     old = result(c.trajectory_id).model_copy(update={"reward": 0.75})
@@ -89,10 +103,11 @@ async def test_a_result_stored_as_json_before_the_compact_form_reads_back(redis,
     assert unpack(unpack_trajectory(plain(await store.trajectory_packed(c.trajectory_id)))) == old
 
 
-async def test_a_blob_that_is_gone_reads_as_a_missing_trajectory(redis, keys, tmp_path):
-    results = FileResults(tmp_path)
+@pytest.mark.parametrize("kind", ["file", "s3"])
+async def test_a_blob_that_is_gone_reads_as_a_missing_trajectory(redis, keys, tmp_path, request, kind):
+    results = FileResults(tmp_path) if kind == "file" else S3Results(request.getfixturevalue("s3"), "p")
     q, store = Queue(redis, keys, results=results), Store(redis, keys, results)
-    b = await q.enqueue(request(group=1))
+    b = await q.enqueue(request_(group=1))
     c = await q.claim("w1")
     await q.complete(c, result(c.trajectory_id))
     await results.drop_batch(b.id)
@@ -103,7 +118,9 @@ async def test_a_blob_that_is_gone_reads_as_a_missing_trajectory(redis, keys, tm
 def test_result_store_urls(tmp_path):
     assert isinstance(result_store("redis"), RedisResults) and isinstance(result_store(""), RedisResults)
     assert isinstance(result_store(f"file://{tmp_path}/r"), FileResults) and (tmp_path / "r").is_dir()
-    for bad in ("s3://bucket/prefix", "file://", "mysql://x"):
+    assert isinstance(result_store("s3://bucket/some/prefix"), S3Results)
+    assert result_store("s3://bucket/some/prefix/").prefix == "some/prefix/"
+    for bad in ("s3://", "file://", "mysql://x"):
         with pytest.raises(ValueError):
             result_store(bad)
 

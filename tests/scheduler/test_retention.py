@@ -8,15 +8,16 @@ import time
 import pytest
 
 from scheduler.queue import Queue
-from scheduler.results import FileResults, RedisResults
+from scheduler.results import FileResults, RedisResults, S3Results
 from scheduler.retention import Retention
 from scheduler.store import Store
+from tests.scheduler.conftest import s3_keys
 from wire import RolloutRequest, Trajectory, TrajectoryState, Turn
 
 HOUR = 3600.0
 
 
-def request(**kw) -> RolloutRequest:
+def batch(**kw) -> RolloutRequest:
     return RolloutRequest(tasks=[{"seed": 0}], env="math", group_size=2, **kw)
 
 
@@ -36,14 +37,17 @@ async def our_keys(redis, prefix: str) -> set[str]:
     return {k.decode() for k in await redis.keys(f"{prefix}*")}
 
 
-@pytest.mark.parametrize("kind", ["redis", "file"])
-async def test_a_finished_batch_goes_after_the_retention_with_all_it_had(redis, keys, prefix, tmp_path, kind):
-    results = RedisResults() if kind == "redis" else FileResults(tmp_path)
+@pytest.mark.parametrize("kind", ["redis", "file", "s3"])
+async def test_a_finished_batch_goes_after_the_retention_with_all_it_had(redis, keys, prefix, tmp_path, kind, request):
+    results = {"redis": RedisResults, "file": lambda: FileResults(tmp_path),
+               "s3": lambda: S3Results(request.getfixturevalue("s3"), "kept")}[kind]()
     q, store = Queue(redis, keys, results=results), Store(redis, keys, results)
     before = await our_keys(redis, prefix)
-    gone = await q.enqueue(request(idempotency_key="step-1"), tenant="team-a")
+    gone = await q.enqueue(batch(idempotency_key="step-1"), tenant="team-a")
     await finish_all(q)
-    kept = await q.enqueue(request(), tenant="team-a")  # unfinished, just as old
+    kept = await q.enqueue(batch(), tenant="team-a")  # unfinished (one of its two done), just as old
+    one = await q.claim("w")
+    assert await q.complete(one, done(one.trajectory_id))
     batch_keys = await our_keys(redis, prefix) - before
     assert {keys.batch(gone.id), keys.traj(f"{gone.id}-0-1"), keys.batch_events(gone.id)} <= batch_keys
     finished_at = (await store.batch_status(gone.id)).finished_at
@@ -57,16 +61,18 @@ async def test_a_finished_batch_goes_after_the_retention_with_all_it_had(redis, 
     left = await our_keys(redis, prefix)
     assert not {k for k in left if gone.id in k}  # every key naming the batch, the idempotency key too
     assert await store.list_batches() == [kept.id] and await store.list_batches(tenant="team-a") == [kept.id]
-    assert await store.batch_status(kept.id) is not None and await store.trajectory(f"{kept.id}-0-0") is not None
+    assert (await store.trajectory(one.trajectory_id)).state is TrajectoryState.completed
     if kind == "file":
-        assert not (tmp_path / gone.id).exists()
-    again = await q.enqueue(request(idempotency_key="step-1"), tenant="team-a")
+        assert not (tmp_path / gone.id).exists() and len(list((tmp_path / kept.id).iterdir())) == 1
+    if kind == "s3":
+        assert [k.split("/")[1] for k in s3_keys(results.bucket)] == [kept.id]
+    again = await q.enqueue(batch(idempotency_key="step-1"), tenant="team-a")
     assert again.created and again.id != gone.id  # the key was freed with its batch
 
 
 async def test_retention_zero_keeps_everything(redis, keys):
     q = Queue(redis, keys)
-    b = await q.enqueue(request())
+    b = await q.enqueue(batch())
     await finish_all(q)
     assert await Retention(redis, keys, RedisResults(), retention_s=0).sweep(now=time.time() + 10 * 365 * 86400) == []
     assert await Store(redis, keys).batch_status(b.id) is not None
@@ -74,11 +80,11 @@ async def test_retention_zero_keeps_everything(redis, keys):
 
 async def test_a_sweep_steps_over_old_unfinished_batches_to_reach_finished_ones(redis, keys):
     q, store = Queue(redis, keys), Store(redis, keys)
-    unfinished = [await q.enqueue(request()) for _ in range(3)]  # older, never finished
+    unfinished = [await q.enqueue(batch()) for _ in range(3)]  # older, never finished
     for b in unfinished:
         await redis.hset(keys.batch(b.id), "state", "running")
     claimed = [await q.claim("w") for _ in range(6)]  # every trajectory of the three, held
-    last = await q.enqueue(request())
+    last = await q.enqueue(batch())
     await finish_all(q)
     r = Retention(redis, keys, RedisResults(), retention_s=1.0, scan=2)
     later = time.time() + 60
