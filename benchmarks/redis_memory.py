@@ -3,7 +3,8 @@
     queued       the trajectory hash, its queue and batch-list entries (task json included)
     in flight    + its lease, and the live turns the running attempt has recorded so far
                  (packed, as stored now; and as JSON, as stored before the compact form)
-    finished     its result (one zstd frame of the packed trajectory; and as JSON, before)
+    finished     its result (one zstd frame of the packed trajectory; and as JSON, before), or with
+                 a file result store, only the reference to it
 
 Turns are synthetic (`benchmarks.payload.synthetic`: Zipf ids over a 151,936-token vocabulary,
 float32 logprobs, the transcript); `--turns` of 1,024 tokens each are in flight per trajectory.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +28,7 @@ from benchmarks.payload import synthetic
 from benchmarks.redis_private import PrivateRedis
 from scheduler.keys import Keys
 from scheduler.queue import Queue
+from scheduler.results import FileResults, ResultStore
 from wire import RolloutRequest
 
 
@@ -33,8 +36,9 @@ async def used(r: aioredis.Redis) -> int:
     return int((await r.info("memory"))["used_memory"])
 
 
-async def stage(r: aioredis.Redis, keys: Keys, n: int, turns: int, packed: bool, seed: int) -> dict[str, float]:
-    q = Queue(r, keys)
+async def stage(r: aioredis.Redis, keys: Keys, n: int, turns: int, packed: bool, seed: int,
+                results: ResultStore | None = None) -> dict[str, float]:
+    q = Queue(r, keys, results=results)
     tpl = synthetic(np.random.default_rng(seed), turns * 1024)
     tasks = [{"repo": "org/repo", "issue": i, "prompt": "fix the failing test " * 8} for i in range(n)]
     m0 = await used(r)
@@ -65,10 +69,11 @@ async def stage(r: aioredis.Redis, keys: Keys, n: int, turns: int, packed: bool,
 
 async def run(n: int, turns: int, seed: int) -> dict[str, dict[str, float]]:
     out = {}
-    with PrivateRedis() as url:
+    with PrivateRedis() as url, tempfile.TemporaryDirectory() as blobs:
         r = aioredis.from_url(url)
-        for name, packed in (("json_before", False), ("compact", True)):
-            out[name] = await stage(r, Keys(f"bench:{name}:"), n, turns, packed, seed)
+        for name, packed, results in (("json_before", False, None), ("compact", True, None),
+                                      ("compact_file_store", True, FileResults(blobs))):
+            out[name] = await stage(r, Keys(f"bench:{name}:"), n, turns, packed, seed, results)
             await r.flushdb()
         await r.aclose()
     return out
@@ -88,6 +93,7 @@ def main() -> None:
               f"({f['turn_bytes_per_token']:.2f} B/token)   finished {f['finished_bytes']:9.0f} "
               f"({f['result_bytes_per_token']:.2f} B/token)")
     j, c = res["json_before"], res["compact"]
+    print(f"finished, result in a file store: {res['compact_file_store']['finished_bytes']:.0f} B of Redis per trajectory")
     res["ratio"] = {"in_flight": j["in_flight_bytes"] / c["in_flight_bytes"],
                     "finished": j["finished_bytes"] / c["finished_bytes"]}
     print(f"in-flight trajectory: {c['in_flight_bytes'] / 1024:.1f} KiB compact vs {j['in_flight_bytes'] / 1024:.1f} "

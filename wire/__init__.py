@@ -1,5 +1,5 @@
 """Wire types: everything that crosses HTTP, and nothing else. A leaf: it imports pydantic and
-the standard library, never our other packages (tests/test_imports.py holds that line).
+the standard library (and msgpack, for the compact form), never our other packages (tests/test_imports.py holds that line).
 
     wire.batches    batches and trajectories (RolloutRequest, Trajectory, states, failures)
     wire.engines    engine registration, roles and weight updates
