@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 
 from scheduler.jobs import IllegalTransition, check_transition
-from scheduler.keys import Keys, trajectory_id
+from scheduler.keys import Keys, batch_of, trajectory_id
 from scheduler.results import RedisResults, ResultStore, compress
 from wire import (
     BatchCreated,
@@ -350,13 +350,13 @@ class Queue:
         reward = "" if traj.reward is None else repr(traj.reward)
         # The result is kept first and recorded by the script: a reader never sees a terminal
         # state without its result. A lost race leaves a blob nobody recorded: drop it.
-        recorded = await self.results.put(traj.batch_id, claim.trajectory_id, claim.token, compress(
+        recorded = await self.results.put(batch_of(claim.trajectory_id), claim.trajectory_id, claim.token, compress(
             pack_trajectory(traj.model_copy(update={"training_samples": None}))))
         got = await self._finish(args=[self.k.prefix, claim.trajectory_id, claim.token, traj.state.value,
                                        recorded, reward, failure, time.time(), 0, ""])
         if not got:
             await self.results.discard(recorded)
-        if got:
+        else:
             pipe = self.r.pipeline(transaction=False)
             pipe.hincrby(self.k.stats, "tokens:sampled", sum(len(t.output_ids) for t in traj.turns))
             pipe.hincrby(self.k.stats, "tokens:prompt", sum(len(t.prompt_ids) for t in traj.turns))

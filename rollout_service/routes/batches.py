@@ -12,8 +12,8 @@ from rollout_service.auth import Principal
 from rollout_service.routes import formats
 from rollout_service.routes.deps import owned_batch, principal
 from scheduler.keys import batch_of
-from scheduler.results import plain
 from scheduler.queue import QuotaExceeded
+from scheduler.results import plain
 from wire import (
     BatchCreated,
     BatchStatus,
