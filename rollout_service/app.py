@@ -44,7 +44,8 @@ def create_app(settings: Settings | None = None, redis: aioredis.Redis | None = 
         keys = Keys(settings.key_prefix)
         app.state.settings = settings
         results = result_store(settings.result_store)
-        app.state.queue = Queue(r, keys, settings.lease_s, settings.max_attempts, settings.max_restarts, results)
+        app.state.queue = Queue(r, keys, settings.lease_s, settings.max_attempts, settings.max_restarts,
+                                results=results)
         app.state.store = Store(r, keys, results)
         app.state.registry = Registry(r, keys)
         app.state.metrics = Metrics()

@@ -123,7 +123,7 @@ class RunningWorker:
         from scheduler.results import result_store
 
         results = result_store(s.result_store)
-        self.worker = Worker(Queue(r, keys, s.lease_s, s.max_attempts, s.max_restarts, results),
+        self.worker = Worker(Queue(r, keys, s.lease_s, s.max_attempts, s.max_restarts, results=results),
                              Store(r, keys, results), fleet,
                              LocalEnvs(), concurrency=self.concurrency, poll_s=0.01, registry=reg)
         self.loop, self.stop = asyncio.get_running_loop(), asyncio.Event()
