@@ -47,7 +47,8 @@ def cmd_worker(args) -> None:
         keys = Keys(s.key_prefix)
         reg = Registry(r, keys)
         results = result_store(s.result_store)
-        worker = Worker(Queue(r, keys, s.lease_s, s.max_attempts, s.max_restarts, results=results), Store(r, keys, results),
+        worker = Worker(Queue(r, keys, s.lease_s, s.max_attempts, s.max_restarts, results=results),
+                        Store(r, keys, results),
                         Fleet(registry=reg, policy=policy),
                         RemoteEnvs(reg.pick_worker), concurrency=args.concurrency or s.worker_concurrency,
                         registry=reg, worker_id=args.id, release_on_start=args.id is not None)
