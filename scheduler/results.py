@@ -37,7 +37,7 @@ from wire.packed import pack_trajectory
 
 BLOB = b"blob:"
 ZSTD = b"\x28\xb5\x2f\xfd"  # a zstd frame's magic number
-# Level 3 (zstd's default): ~3x on a packed trajectory (its text and ids; float32 logprobs barely
+# Level 3 (zstd's default): ~2x on a packed trajectory (benchmarks/payload.py: its text and ids; float32 logprobs barely
 # shrink) at a few hundred MB/s; higher levels gain a few percent for several times the CPU.
 _LEVEL = 3
 
