@@ -8,7 +8,9 @@ may pass their own Redis client instead.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 
 import redis.asyncio as aioredis
 from fastapi import FastAPI, Request
@@ -25,8 +27,12 @@ from scheduler.connection import connect
 from scheduler.keys import Keys
 from scheduler.queue import Queue
 from scheduler.registry import Registry
+from scheduler.results import result_store
+from scheduler.retention import Retention
 from scheduler.store import Store
 from wire import ErrorResponse
+
+log = logging.getLogger(__name__)
 
 
 def create_app(settings: Settings | None = None, redis: aioredis.Redis | None = None) -> FastAPI:
@@ -38,16 +44,22 @@ def create_app(settings: Settings | None = None, redis: aioredis.Redis | None = 
         r = redis or connect(settings.redis_url)
         keys = Keys(settings.key_prefix)
         app.state.settings = settings
+        results = result_store(settings.result_store)
         app.state.queue = Queue(r, keys, settings.lease_s, settings.max_attempts, settings.max_restarts,
-                                replicas=settings.wait_replicas, longest_first=settings.longest_first)
-        app.state.store = Store(r, keys)
+                                replicas=settings.wait_replicas, longest_first=settings.longest_first,
+                                results=results)
+        app.state.store = Store(r, keys, results)
         app.state.registry = Registry(r, keys)
         app.state.metrics = Metrics()
         app.state.api_keys = ApiKeys(r, keys)
         app.state.sessions = Sessions(r, keys, Fleet(registry=app.state.registry))
         if settings.admin_key:
             await app.state.api_keys.add(settings.admin_key, Principal("admin", admin=True))
+        sweeper = asyncio.create_task(_sweep_forever(Retention(r, keys, results, settings.result_retention_s),
+                                                     settings.retention_sweep_s))
         yield
+        sweeper.cancel()
+        await asyncio.gather(sweeper, return_exceptions=True)
         await app.state.sessions.fleet.aclose()
         if redis is None:
             await r.aclose()
@@ -80,6 +92,17 @@ def create_app(settings: Settings | None = None, redis: aioredis.Redis | None = 
     app.include_router(board.router)
     app.include_router(sessions.router)
     return app
+
+
+async def _sweep_forever(retention: Retention, every_s: float) -> None:
+    """Expire finished batches (every gateway sweeps; the sweep is safe to run concurrently)."""
+    while retention.retention_s > 0:
+        try:
+            if gone := await retention.sweep():
+                log.info("expired finished batches", extra={"batches": len(gone)})
+        except Exception:  # Redis away or a blob store hiccup: the next sweep tries again
+            log.warning("retention sweep failed", exc_info=True)
+        await asyncio.sleep(every_s)
 
 
 def main() -> FastAPI:

@@ -26,6 +26,11 @@ class Settings:
     tenant_weights: str = ""  # fair-share weights, "teamA=3,teamB=1"; unnamed tenants weigh 1
     longest_first: bool = False  # rank a tenant's batches (same priority) by expected episode time, longest first
     sse_block_ms: int = 1000
+    result_store: str = "redis"  # where finished trajectories live: redis (inline) | file:///DIR (scheduler.results)
+    # Finished batches (results, events, counts) are deleted this long after they finish; 0 keeps
+    # them forever. A week: trainers read results within minutes, `rollout export` within days.
+    result_retention_s: float = 7 * 86_400
+    retention_sweep_s: float = 60.0  # how often each gateway looks for expired batches
     sandbox_warm: int = 2  # env worker: idle sandboxes kept ready per spec
     sandbox_cap: int = 64  # env worker: most sandboxes of one spec alive at once
     sandbox_wait_s: float = 30.0  # env worker: longest wait for a sandbox at the cap, then a clear error

@@ -18,6 +18,7 @@ Non-goal: the environment side (`rollout_service.replay`).
 from __future__ import annotations
 
 import asyncio
+from array import array
 from dataclasses import dataclass
 
 from rollout_service.engines.base import Engine, GenerateRequest
@@ -74,7 +75,9 @@ async def resample(records: list[RecordedTrajectory], request: RolloutRequest, e
         while same < min(len(got.output_ids), len(want.output_ids)) and got.output_ids[same] == want.output_ids[same]:
             same += 1
         diverged = got.output_ids != want.output_ids
-        diff = max((abs(a - b) for a, b in zip(got.logprobs[:same], want.output_logprobs[:same])), default=0.0)
+        # Recorded logprobs are float32 (wire.packed stores them so): compare at that precision
+        fresh = array("f", got.logprobs[:same]).tolist()
+        diff = max((abs(a - b) for a, b in zip(fresh, want.output_logprobs[:same])), default=0.0)
         return TurnVerdict(rec.trajectory.id, index, diverged, same if diverged else None, len(want.output_ids),
                            len(got.output_ids), diff)
 

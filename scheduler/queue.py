@@ -19,7 +19,8 @@ submission order, so a GRPO group's members are claimed together or one after th
 requeued trajectory goes first in its batch. Idle workers block on a wake list (`wait`) that
 every change making work claimable pushes to, instead of polling.
 
-Reads (status, pages, events) live in `scheduler.store`.
+Results and live turns are stored packed (`wire.packed`); a result goes to the `ResultStore`
+given (inline in Redis by default). Reads (status, pages, events) live in `scheduler.store`.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ import redis.asyncio as aioredis
 from scheduler import lua
 from scheduler.connection import durable
 from scheduler.jobs import IllegalTransition, check_transition
-from scheduler.keys import Keys, trajectory_id
+from scheduler.keys import Keys, batch_of, trajectory_id
+from scheduler.results import RedisResults, ResultStore, compress
 from wire import (
     BatchCreated,
     Failure,
@@ -45,6 +47,7 @@ from wire import (
     TrajectoryState,
     Turn,
 )
+from wire.packed import pack_trajectory, pack_turn
 
 # Upper bounds (s) of the per-turn prefill histogram, counted in `{p}stats` as `prefill:{bound}`
 # (and `prefill:inf`) when a trajectory completes; `rollout_service.metrics` exports it.
@@ -81,10 +84,11 @@ class QuotaExceeded(Exception):
 class Queue:
     def __init__(self, redis: aioredis.Redis, keys: Keys | None = None, lease_s: float = 30.0,
                  max_attempts: int = 3, max_restarts: int = 20, longest_first: bool = False,
-                 replicas: int = 0):
+                 replicas: int = 0, results: ResultStore | None = None):
         self.r = redis
         self.replicas = replicas  # a new batch waits for this many replicas (connection.durable)
         self.k = keys or Keys()
+        self.results = results or RedisResults()  # where complete() puts the packed result
         self.lease_s = lease_s
         self.max_attempts = max_attempts  # failures the trajectory itself is charged for
         self.max_restarts = max_restarts  # restarts that were our fault: only stops poison work
@@ -169,7 +173,7 @@ class Queue:
         """Record a finished turn of the running attempt (durable from here). Raises LeaseLost
         when `claim` no longer holds the lease: a writer without it never appends."""
         got = await self._turn(args=[self.k.prefix, claim.trajectory_id, claim.token, turn.index,
-                                     turn.model_dump_json()])
+                                     pack_turn(turn)])
         if got == 0:
             raise LeaseLost(claim.trajectory_id)
         if got < 0:
@@ -182,9 +186,15 @@ class Queue:
         check_transition(TrajectoryState.running, traj.state)
         failure = traj.failure.model_dump_json() if traj.failure else ""
         reward = "" if traj.reward is None else repr(traj.reward)
+        # The result is kept first and recorded by the script: a reader never sees a terminal
+        # state without its result. A lost race leaves a blob nobody recorded: drop it.
+        recorded = await self.results.put(batch_of(claim.trajectory_id), claim.trajectory_id, claim.token, compress(
+            pack_trajectory(traj.model_copy(update={"training_samples": None}))))
         got = await self._finish(args=[self.k.prefix, claim.trajectory_id, claim.token, traj.state.value,
-                                       traj.model_dump_json(), reward, failure, time.time(), 0, ""])
-        if got:
+                                       recorded, reward, failure, time.time(), 0, ""])
+        if not got:
+            await self.results.discard(recorded)
+        else:
             pipe = self.r.pipeline(transaction=False)
             pipe.hincrby(self.k.stats, "tokens:sampled", sum(len(t.output_ids) for t in traj.turns))
             pipe.hincrby(self.k.stats, "tokens:prompt", sum(len(t.prompt_ids) for t in traj.turns))

@@ -1,5 +1,9 @@
 """Reads of what the queue wrote: batch status, trajectory pages, the event stream, and the
-parameters a worker needs to run a claimed trajectory."""
+parameters a worker needs to run a claimed trajectory.
+
+Trajectories come in two forms: `Trajectory` models (for JSON) and packed bytes (`wire.packed`,
+for `Accept: application/msgpack`). A terminal trajectory's result is stored packed (in Redis or
+a `scheduler.results` blob store) and served packed as stored, with no decoding."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from scheduler.keys import Keys
+from scheduler.results import RedisResults, ResultStore, plain
 from wire import (
     BatchState,
     BatchStatus,
@@ -21,6 +26,7 @@ from wire import (
     TrajectoryState,
     Turn,
 )
+from wire.packed import pack_trajectory, unpack, unpack_trajectory, unpack_turn
 
 
 def _s(v: bytes | str | None) -> str | None:
@@ -40,9 +46,10 @@ class Work:
 
 
 class Store:
-    def __init__(self, redis: aioredis.Redis, keys: Keys | None = None):
+    def __init__(self, redis: aioredis.Redis, keys: Keys | None = None, results: ResultStore | None = None):
         self.r = redis
         self.k = keys or Keys()
+        self.results = results or RedisResults()  # where terminal trajectories' packed bytes live
 
     async def batch_status(self, bid: str) -> BatchStatus | None:
         h = {_s(k): _s(v) for k, v in (await self.r.hgetall(self.k.batch(bid))).items()}
@@ -67,32 +74,70 @@ class Store:
 
     async def trajectory(self, tid: str) -> Trajectory | None:
         """The result once terminal; before that the spec, with the running attempt's turns so far."""
+        got = (await self._load([tid]))[0]
+        return unpack(unpack_trajectory(plain(got))) if isinstance(got, bytes) else got
+
+    async def trajectory_packed(self, tid: str) -> bytes | None:
+        """`trajectory` in the compact form (`wire.packed`) as stored: a zstd frame (`plain` opens
+        it) when terminal; a running one is packed now, uncompressed."""
+        got = (await self._load([tid]))[0]
+        return pack_trajectory(got) if isinstance(got, Trajectory) else got
+
+    async def trajectories(self, bid: str, cursor: int = 0, limit: int = 50,
+                           state: TrajectoryState | None = None) -> tuple[list[Trajectory], int | None]:
+        """A page in submission order; the cursor is an offset into the batch."""
+        got, nxt = await self._page(bid, cursor, limit, state)
+        return [unpack(unpack_trajectory(plain(t))) if isinstance(t, bytes) else t for t in got], nxt
+
+    async def trajectories_packed(self, bid: str, cursor: int = 0, limit: int = 50,
+                                  state: TrajectoryState | None = None) -> tuple[list[bytes], int | None]:
+        """`trajectories` in the compact form, each one as `trajectory_packed` has it."""
+        got, nxt = await self._page(bid, cursor, limit, state)
+        return [pack_trajectory(t) if isinstance(t, Trajectory) else t for t in got], nxt
+
+    async def _page(self, bid: str, cursor: int, limit: int,
+                    state: TrajectoryState | None) -> tuple[list[bytes | Trajectory], int | None]:
+        ids = [_s(t) for t in await self.r.lrange(self.k.batch_trajs(bid), cursor, cursor + limit - 1)]
+        items = [t for t in await self._load(ids, state) if t is not None]
+        return items, (cursor + len(ids) if len(ids) == limit else None)
+
+    async def _load(self, ids: list[str], state: TrajectoryState | None = None) -> list[bytes | Trajectory | None]:
+        """Each trajectory as its packed result (terminal, with one) or as a Trajectory built from
+        its hash; None when it is gone, has another `state`, or its result expired meanwhile."""
         pipe = self.r.pipeline()  # one transaction: the turns belong to the state read beside them
-        pipe.hgetall(self.k.traj(tid))
-        pipe.lrange(self.k.traj_turns(tid), 0, -1)
-        raw, turns = await pipe.execute()
-        h = {_s(k): _s(v) for k, v in raw.items()}
-        if not h:
-            return None
-        if h.get("result"):
-            return Trajectory.model_validate_json(h["result"])
-        params = json.loads(await self.r.hget(self.k.batch(h["batch"]), "params") or "{}")
+        for tid in ids:
+            pipe.hgetall(self.k.traj(tid))
+            pipe.lrange(self.k.traj_turns(tid), 0, -1)
+        got = await pipe.execute()
+        out: list[bytes | Trajectory | None] = [None] * len(ids)
+        results: dict[int, bytes] = {}
+        params: dict[str, dict[str, Any]] = {}
+        for i, tid in enumerate(ids):
+            raw, turns = got[2 * i], got[2 * i + 1]
+            result = raw.pop(b"result", None) if raw else None
+            h = {_s(k): _s(v) for k, v in raw.items()}
+            if not h or (state is not None and h["state"] != state.value):
+                continue
+            if result:
+                results[i] = result
+                continue
+            if h["batch"] not in params:
+                params[h["batch"]] = json.loads(await self.r.hget(self.k.batch(h["batch"]), "params") or "{}")
+            out[i] = self._spec(tid, h, params[h["batch"]], turns)
+        for i, packed in zip(results, await self.results.get(list(results.values()))):
+            out[i] = packed
+        return out
+
+    @staticmethod
+    def _spec(tid: str, h: dict[str, Any], params: dict[str, Any], turns: list[bytes]) -> Trajectory:
         return Trajectory(
             id=tid, batch_id=h["batch"], group_index=int(h["group"]), sample_index=int(h["sample"]),
             env=params.get("env", ""), task=json.loads(h["task"]), state=TrajectoryState(h["state"]),
             failure=Failure.model_validate_json(h["failure"]) if h.get("failure") else None,
             attempts=int(h.get("attempts", 0)) + (h["state"] in ("running", "failed")), restarts=int(h.get("restarts", 0)),
-            turns=[Turn.model_validate_json(t) for t in turns] if h["state"] == "running" else [],
+            turns=[Turn.model_validate_json(t) if t[:1] == b"{" else unpack_turn(t) for t in turns]
+            if h["state"] == "running" else [],
         )
-
-    async def trajectories(self, bid: str, cursor: int = 0, limit: int = 50,
-                           state: TrajectoryState | None = None) -> tuple[list[Trajectory], int | None]:
-        """A page in submission order; the cursor is an offset into the batch."""
-        ids = [_s(t) for t in await self.r.lrange(self.k.batch_trajs(bid), cursor, cursor + limit - 1)]
-        items = [t for t in [await self.trajectory(tid) for tid in ids] if t is not None]
-        if state is not None:
-            items = [t for t in items if t.state == state]
-        return items, (cursor + len(ids) if len(ids) == limit else None)
 
     async def request(self, bid: str) -> RolloutRequest | None:
         """The batch as submitted: its parameters and its tasks (one per group, in order)."""

@@ -122,7 +122,11 @@ class RunningWorker:
         reg = Registry(r, keys)
         fleet = Fleet(registry=reg) if self.discover else \
             Fleet(self.engines or {"sim-0": (SimEngine("sim-0", seed=1), "byte")})
-        self.worker = Worker(Queue(r, keys, s.lease_s, s.max_attempts, s.max_restarts), Store(r, keys), fleet,
+        from scheduler.results import result_store
+
+        results = result_store(s.result_store)
+        self.worker = Worker(Queue(r, keys, s.lease_s, s.max_attempts, s.max_restarts, results=results),
+                             Store(r, keys, results), fleet,
                              LocalEnvs(), concurrency=self.concurrency, registry=reg,
                              idle_wait_s=self.idle_wait_s)
         self.loop, self.stop = asyncio.get_running_loop(), asyncio.Event()

@@ -15,7 +15,7 @@ WEB = {"fastapi", "starlette", "uvicorn"}
 
 # package -> (top-level modules it must not import, why)
 FORBIDDEN = {
-    "wire": (OURS - {"wire"} | {"httpx", "redis"} | WEB, "the wire types are a leaf: pydantic and the stdlib"),
+    "wire": (OURS - {"wire"} | {"httpx", "redis"} | WEB, "the wire types are a leaf: pydantic, msgpack and the stdlib"),
     "env_workers": (OURS - {"wire", "env_workers"}, "env workers import only the wire types, their own modules "
                                                      "and third-party packages"),
     "trainer_client": (OURS - {"wire", "trainer_client"}, "the trainer SDK imports only the wire types"),

@@ -5,7 +5,13 @@
         batch = c.submit(tasks, env="math", group_size=4, sampling={"temperature": 1.0, "max_tokens": 256})
         for traj in c.iter_results(batch.id):    # as trajectories finish
             traj.token_ids, traj.logprobs, traj.loss_mask, traj.reward, traj.failure
+        for p in c.packed_trajectories(batch.id):   # the fast way into tensors
+            ids, mask, logprobs = trainer_client.tensors.as_numpy(p.samples()[0])
 
+Trajectories travel in the compact form (`Accept: application/msgpack`, see `wire.packed`):
+`trajectory`/`trajectories` hand back `Trajectory` models as before, `packed_trajectory`/
+`packed_trajectories` the packed form itself, whose arrays reach numpy or torch without a
+per-token step. `compact=False` asks for JSON instead.
 `_Base` holds request building and response parsing; the two clients differ only in I/O.
 The event stream reconnects with `Last-Event-ID`, so a gateway restart mid-batch loses
 nothing. Requests ride out a restarting gateway or Redis: a refused connection, or a 502/
@@ -43,15 +49,38 @@ from wire import (
     WeightUpdateResult,
     WorkerInfo,
 )
+from wire.packed import MEDIA_TYPE, MEDIA_TYPES, PackedTrajectory, pack_trajectory, unpack, unpack_page, unpack_trajectory
+
+JSON = "application/json"
 
 _RETRY_STATUS = frozenset({502, 503, 504})  # a gateway or its Redis restarting
 
 
 class _Base:
-    def __init__(self, base_url: str, api_key: str | None, retries: int = 8):
+    def __init__(self, base_url: str, api_key: str | None, retries: int = 8, compact: bool = True):
         self.base_url = base_url.rstrip("/")
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.retries = retries
+        # Trajectory reads ask for the compact form (wire.packed); JSON is still read if that is
+        # what comes back (an older gateway), and `compact=False` asks for JSON outright.
+        self.accept = {"Accept": f"{MEDIA_TYPE}, {JSON};q=0.5" if compact else JSON}
+
+    @staticmethod
+    def packed(got: Any) -> PackedTrajectory:
+        if isinstance(got, bytes):
+            return unpack_trajectory(got)
+        return unpack_trajectory(pack_trajectory(Trajectory.model_validate(got)))
+
+    @staticmethod
+    def unpacked(got: Any) -> Trajectory:
+        return unpack(unpack_trajectory(got)) if isinstance(got, bytes) else Trajectory.model_validate(got)
+
+    @staticmethod
+    def page(got: Any) -> tuple[list[PackedTrajectory], int | None]:
+        if isinstance(got, bytes):
+            return unpack_page(got)
+        page = TrajectoryPage.model_validate(got)
+        return [unpack_trajectory(pack_trajectory(t)) for t in page.items], page.next_cursor
 
     def delay(self, tries: int, method: str, kw: dict, error: Exception | None = None,
               response: httpx.Response | None = None) -> float | None:
@@ -94,6 +123,8 @@ class _Base:
     @staticmethod
     def check(r: httpx.Response, text: bool = False) -> Any:
         if r.status_code < 400:
+            if r.headers.get("content-type", "").split(";")[0].strip() in MEDIA_TYPES:
+                return r.content
             return r.text if text else r.json()
         try:
             err = r.json()["error"]
@@ -130,8 +161,8 @@ class _SSE:
 
 class RolloutClient(_Base):
     def __init__(self, base_url: str = "http://127.0.0.1:8000", api_key: str | None = None, timeout: float = 30.0,
-                 transport: httpx.BaseTransport | None = None, retries: int = 8):
-        super().__init__(base_url, api_key, retries)
+                 transport: httpx.BaseTransport | None = None, retries: int = 8, compact: bool = True):
+        super().__init__(base_url, api_key, retries, compact)
         self._http = httpx.Client(base_url=self.base_url, headers=self.headers, timeout=timeout, transport=transport)
 
     def __enter__(self) -> "RolloutClient":
@@ -175,7 +206,11 @@ class RolloutClient(_Base):
         return RolloutRequest.model_validate(self._req("GET", f"/v1/batches/{batch_id}/request"))
 
     def trajectory(self, trajectory_id: str) -> Trajectory:
-        return Trajectory.model_validate(self._req("GET", f"/v1/trajectories/{trajectory_id}"))
+        return self.unpacked(self._req("GET", f"/v1/trajectories/{trajectory_id}", headers=self.accept))
+
+    def packed_trajectory(self, trajectory_id: str) -> PackedTrajectory:
+        """The compact form: token arrays as bytes (`trainer_client.tensors` views them as arrays)."""
+        return self.packed(self._req("GET", f"/v1/trajectories/{trajectory_id}", headers=self.accept))
 
     def groups(self, batch_id: str) -> list[GroupStatus]:
         """Per GRPO group: members done, usable (fit for the loss), failed, rewards."""
@@ -183,12 +218,16 @@ class RolloutClient(_Base):
 
     def trajectories(self, batch_id: str, page_size: int = 100) -> Iterator[Trajectory]:
         """Every trajectory of the batch in submission order (finished or not)."""
+        for p in self.packed_trajectories(batch_id, page_size):
+            yield unpack(p)
+
+    def packed_trajectories(self, batch_id: str, page_size: int = 100) -> Iterator[PackedTrajectory]:
+        """`trajectories` in the compact form (the fast way into tensors: `trainer_client.tensors`)."""
         cursor: int | None = 0
         while cursor is not None:
-            page = TrajectoryPage.model_validate(self._req("GET", f"/v1/batches/{batch_id}/trajectories",
-                                                           params={"cursor": cursor, "limit": page_size}))
-            yield from page.items
-            cursor = page.next_cursor
+            items, cursor = self.page(self._req("GET", f"/v1/batches/{batch_id}/trajectories", headers=self.accept,
+                                                params={"cursor": cursor, "limit": page_size}))
+            yield from items
 
     def events(self, batch_id: str) -> Iterator[TrajectoryEvent]:
         """Terminal events as they happen; reconnects (resuming) if the stream drops."""
@@ -222,6 +261,11 @@ class RolloutClient(_Base):
         """Full trajectories, each as soon as it finishes."""
         for ev in self.events(batch_id):
             yield self.trajectory(ev.trajectory_id)
+
+    def iter_packed_results(self, batch_id: str) -> Iterator[PackedTrajectory]:
+        """`iter_results` in the compact form."""
+        for ev in self.events(batch_id):
+            yield self.packed_trajectory(ev.trajectory_id)
 
     def wait(self, batch_id: str, poll_s: float = 0.5, timeout: float | None = None) -> BatchStatus:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -277,8 +321,8 @@ class RolloutClient(_Base):
 
 class AsyncRolloutClient(_Base):
     def __init__(self, base_url: str = "http://127.0.0.1:8000", api_key: str | None = None, timeout: float = 30.0,
-                 transport: httpx.AsyncBaseTransport | None = None, retries: int = 8):
-        super().__init__(base_url, api_key, retries)
+                 transport: httpx.AsyncBaseTransport | None = None, retries: int = 8, compact: bool = True):
+        super().__init__(base_url, api_key, retries, compact)
         self._http = httpx.AsyncClient(base_url=self.base_url, headers=self.headers, timeout=timeout,
                                        transport=transport)
 
@@ -320,19 +364,26 @@ class AsyncRolloutClient(_Base):
         return RolloutRequest.model_validate(await self._req("GET", f"/v1/batches/{batch_id}/request"))
 
     async def trajectory(self, trajectory_id: str) -> Trajectory:
-        return Trajectory.model_validate(await self._req("GET", f"/v1/trajectories/{trajectory_id}"))
+        return self.unpacked(await self._req("GET", f"/v1/trajectories/{trajectory_id}", headers=self.accept))
+
+    async def packed_trajectory(self, trajectory_id: str) -> PackedTrajectory:
+        return self.packed(await self._req("GET", f"/v1/trajectories/{trajectory_id}", headers=self.accept))
 
     async def groups(self, batch_id: str) -> list[GroupStatus]:
         return [GroupStatus.model_validate(g) for g in await self._req("GET", f"/v1/batches/{batch_id}/groups")]
 
     async def trajectories(self, batch_id: str, page_size: int = 100) -> AsyncIterator[Trajectory]:
+        async for p in self.packed_trajectories(batch_id, page_size):
+            yield unpack(p)
+
+    async def packed_trajectories(self, batch_id: str, page_size: int = 100) -> AsyncIterator[PackedTrajectory]:
         cursor: int | None = 0
         while cursor is not None:
-            page = TrajectoryPage.model_validate(await self._req("GET", f"/v1/batches/{batch_id}/trajectories",
-                                                                 params={"cursor": cursor, "limit": page_size}))
-            for t in page.items:
+            items, cursor = self.page(await self._req("GET", f"/v1/batches/{batch_id}/trajectories",
+                                                      headers=self.accept,
+                                                      params={"cursor": cursor, "limit": page_size}))
+            for t in items:
                 yield t
-            cursor = page.next_cursor
 
     async def events(self, batch_id: str) -> AsyncIterator[TrajectoryEvent]:
         last, failures = "0", 0
@@ -365,6 +416,10 @@ class AsyncRolloutClient(_Base):
     async def iter_results(self, batch_id: str) -> AsyncIterator[Trajectory]:
         async for ev in self.events(batch_id):
             yield await self.trajectory(ev.trajectory_id)
+
+    async def iter_packed_results(self, batch_id: str) -> AsyncIterator[PackedTrajectory]:
+        async for ev in self.events(batch_id):
+            yield await self.packed_trajectory(ev.trajectory_id)
 
     async def batches(self, limit: int = 20) -> list[BatchStatus]:
         return [BatchStatus.model_validate(b) for b in await self._req("GET", "/v1/batches", params={"limit": limit})]

@@ -47,7 +47,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from trainer_client.tensors import as_torch
 from wire import Trajectory
+from wire.packed import PackedTrajectory
 
 if TYPE_CHECKING:
     import torch
@@ -57,7 +59,7 @@ def group_key(traj: Trajectory) -> tuple[str, int]:
     return traj.batch_id, traj.group_index
 
 
-def advantages(trajectories: Sequence[Trajectory], eps: float = 1e-6, scale: bool = True,
+def advantages(trajectories: Sequence[Trajectory | PackedTrajectory], eps: float = 1e-6, scale: bool = True,
                min_usable: int = 2) -> list[float | None]:
     """Per trajectory (same order): (reward - group mean) / (group std + eps), over usable
     members; None for members to leave out of the loss (unusable ones, and every member of a
@@ -129,7 +131,7 @@ class Batch:
         return [self.rows(ix) for ix in out]
 
 
-def pack(trajectories: Sequence[Trajectory], advs: Sequence[float | None], pad_id: int,
+def pack(trajectories: Sequence[Trajectory | PackedTrajectory], advs: Sequence[float | None], pad_id: int,
          max_len: int | None = None) -> Batch:
     """Tensors for the members whose advantage is not None (see `advantages`), one row per
     `traj.samples()` entry. `max_len` cuts rows (and their masks) to that many tokens."""
@@ -137,15 +139,16 @@ def pack(trajectories: Sequence[Trajectory], advs: Sequence[float | None], pad_i
 
     if len(trajectories) != len(advs):
         raise ValueError(f"{len(trajectories)} trajectories but {len(advs)} advantages")
-    rows: list[tuple[list[int], list[int], list[float], float, str]] = []
+    rows: list[tuple[Any, Any, Any, float, str]] = []
     for traj, adv in zip(trajectories, advs):
         if adv is None:
             continue
         for s in traj.samples():
-            if not any(s.loss_mask):
+            tok, m, lp = as_torch(s)  # either form: lists (JSON) or packed bytes (compact)
+            if not bool(m.any()):
                 continue
-            n = len(s.token_ids) if max_len is None else min(len(s.token_ids), max_len)
-            rows.append((s.token_ids[:n], s.loss_mask[:n], s.logprobs[:n], float(adv), traj.id))
+            n = len(tok) if max_len is None else min(len(tok), max_len)
+            rows.append((tok[:n], m[:n], lp[:n], float(adv), traj.id))
     width = max((len(r[0]) for r in rows), default=0)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     att = torch.zeros((len(rows), width), dtype=torch.long)
@@ -153,10 +156,10 @@ def pack(trajectories: Sequence[Trajectory], advs: Sequence[float | None], pad_i
     old = torch.zeros((len(rows), width), dtype=torch.float32)
     for i, (tok, m, lp, _, _) in enumerate(rows):
         n = len(tok)
-        ids[i, :n] = torch.as_tensor(tok, dtype=torch.long)
+        ids[i, :n] = tok
         att[i, :n] = 1
-        mask[i, :n] = torch.as_tensor(m, dtype=torch.float32)
-        old[i, :n] = torch.as_tensor(lp, dtype=torch.float32)
+        mask[i, :n] = m
+        old[i, :n] = lp
     if width:
         mask[:, 0] = 0.0  # nothing predicts the first token
     return Batch(ids, att, mask, old, torch.as_tensor([r[3] for r in rows], dtype=torch.float32),

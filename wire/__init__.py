@@ -1,16 +1,17 @@
 """Wire types: everything that crosses HTTP, and nothing else. A leaf: it imports pydantic and
-the standard library, never our other packages (tests/test_imports.py holds that line).
+the standard library (and msgpack, for the compact form), never our other packages (tests/test_imports.py holds that line).
 
     wire.batches    batches and trajectories (RolloutRequest, Trajectory, states, failures)
     wire.engines    engine registration, roles and weight updates
     wire.envs       the env-worker wire (EnvOpen, EnvStepped, WorkerInfo)
     wire.sessions   the gateway's OpenAI-compatible session proxy
     wire.auth       API keys
+    wire.packed     the compact trajectory form (msgpack, token arrays packed as int32/float32)
     wire.recording  a batch's recording (`rollout export` / `rollout replay`)
     wire.errors     the one error shape, and the exceptions that render as it
     wire.base       what the families share (model bases, bounds, Message)
 
-Pydantic lives here and only here. Inside the service the same data travels as these models
+Pydantic (and msgpack, for the compact form) lives here and only here. Inside the service the same data travels as these models
 (they are the stored form in Redis too), so a trajectory read back by a trainer is
 byte-for-byte what the worker recorded. Every name is importable from `wire` itself.
 
@@ -57,6 +58,7 @@ from wire.batches import (
 from wire.engines import EngineInfo, EngineRoleUpdate, EngineUpdateResult, WeightUpdate, WeightUpdateResult
 from wire.envs import EnvAction, EnvOpen, EnvOpened, EnvStepped, WorkerInfo
 from wire.errors import ApiError, Conflict, ErrorBody, ErrorResponse, NotFound, Overloaded, error_body
+from wire.packed import PackedTrajectory, PackedTurn, TrainingArrays
 from wire.recording import RecordedStep, RecordedTrajectory, RecordingHeader
 from wire.sessions import (
     ChatCompletionRequest,
@@ -73,7 +75,7 @@ __all__ = [
     "ApiKeyCreate", "ApiKeyCreated", "BatchCreated", "BatchState", "BatchStatus", "ChatCompletionRequest",
     "ChatMessageIn", "Conflict", "EngineInfo", "EngineRoleUpdate", "EngineUpdateResult", "EnvAction", "EnvOpen",
     "EnvOpened", "EnvStepped", "ErrorBody", "ErrorResponse", "Failure", "FailureKind", "FunctionCall", "GroupStatus",
-    "Input", "Int", "Message", "NotFound", "Overloaded", "RecordedStep", "RecordedTrajectory", "RecordingHeader",
+    "Input", "Int", "Message", "NotFound", "Overloaded", "PackedTrajectory", "PackedTurn", "TrainingArrays", "RecordedStep", "RecordedTrajectory", "RecordingHeader",
     "ResponsesRequest", "RolloutRequest", "Sample",
     "SamplingParams", "Seed", "SessionCreate", "SessionCreated", "SessionFinish", "StateRules", "ToolCall", "ToolDef",
     "Trajectory", "TrajectoryEvent", "TrajectoryPage", "TrajectoryState", "Turn", "TurnTimings", "Version",

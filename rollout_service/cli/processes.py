@@ -32,6 +32,7 @@ def cmd_worker(args) -> None:
     from scheduler.keys import Keys
     from scheduler.queue import Queue
     from scheduler.registry import Registry
+    from scheduler.results import result_store
     from scheduler.router import make_policy
     from scheduler.store import Store
 
@@ -45,7 +46,9 @@ def cmd_worker(args) -> None:
         r = connect(s.redis_url)
         keys = Keys(s.key_prefix)
         reg = Registry(r, keys)
-        worker = Worker(Queue(r, keys, s.lease_s, s.max_attempts, s.max_restarts), Store(r, keys),
+        results = result_store(s.result_store)
+        worker = Worker(Queue(r, keys, s.lease_s, s.max_attempts, s.max_restarts, results=results),
+                        Store(r, keys, results),
                         Fleet(registry=reg, policy=policy),
                         RemoteEnvs(reg.pick_worker), concurrency=args.concurrency or s.worker_concurrency,
                         registry=reg, worker_id=args.id, release_on_start=args.id is not None)

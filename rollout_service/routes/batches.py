@@ -4,13 +4,16 @@ import asyncio
 import json
 import re
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from rollout_service import limits
 from rollout_service.auth import Principal
+from rollout_service.routes import formats
 from rollout_service.routes.deps import owned_batch, principal
+from scheduler.keys import batch_of
 from scheduler.queue import QuotaExceeded
+from scheduler.results import plain
 from wire import (
     BatchCreated,
     BatchStatus,
@@ -23,6 +26,7 @@ from wire import (
     TrajectoryState,
 )
 from wire.errors import ApiError, NotFound
+from wire.packed import MEDIA_TYPE, with_samples
 
 router = APIRouter(prefix="/v1", tags=["batches"], responses={404: {"model": ErrorResponse},
                                                                 422: {"model": ErrorResponse}})
@@ -93,13 +97,20 @@ SAMPLES = ("Also return `training_samples`: per training sample, `token_ids`, `l
            "`logprobs` (0.0 where the mask is 0), aligned, ready for the loss")
 
 
-@router.get("/batches/{bid}/trajectories", response_model=TrajectoryPage)
+@router.get("/batches/{bid}/trajectories", response_model=TrajectoryPage, responses=formats.RESPONSES)
 async def trajectories(request: Request, bid: str, cursor: int = Query(0, ge=0, le=CURSOR_MAX), limit: int = Query(50, ge=1, le=500),
                        state: TrajectoryState | None = None, samples: bool = Query(False, description=SAMPLES),
-                       who: Principal = Caller) -> TrajectoryPage:
-    """A page of the batch's trajectories in submission order; pass `next_cursor` back."""
+                       who: Principal = Caller) -> TrajectoryPage | Response:
+    """A page of the batch's trajectories in submission order; pass `next_cursor` back.
+    `Accept: application/msgpack` answers in the compact form (token arrays packed)."""
+    kind = formats.negotiate(request.headers.get("accept"))
     await owned_batch(request, bid, who)
-    items, nxt = await request.app.state.store.trajectories(bid, cursor, limit, state)
+    store = request.app.state.store
+    if kind == MEDIA_TYPE:
+        packed, nxt = await store.trajectories_packed(bid, cursor, limit, state)
+        return formats.packed_response([with_samples(plain(p)) for p in packed] if samples else packed,
+                                       formats.zstd_ok(request.headers.get("accept-encoding")), page=(nxt,))
+    items, nxt = await store.trajectories(bid, cursor, limit, state)
     return TrajectoryPage(items=[t.with_samples() for t in items] if samples else items, next_cursor=nxt)
 
 
@@ -110,11 +121,22 @@ async def groups(request: Request, bid: str, who: Principal = Caller) -> list[Gr
     return await request.app.state.store.groups(bid)
 
 
-@router.get("/trajectories/{tid}", response_model=Trajectory)
+@router.get("/trajectories/{tid}", response_model=Trajectory, responses=formats.RESPONSES)
 async def trajectory(request: Request, tid: str, samples: bool = Query(False, description=SAMPLES),
-                     who: Principal = Caller) -> Trajectory:
-    traj = await request.app.state.store.trajectory(tid)
-    if traj is None or (not who.admin and await request.app.state.store.batch_tenant(traj.batch_id) != who.tenant):
+                     who: Principal = Caller) -> Trajectory | Response:
+    """One trajectory; `Accept: application/msgpack` answers in the compact form."""
+    kind = formats.negotiate(request.headers.get("accept"))
+    store = request.app.state.store
+    if not who.admin and await store.batch_tenant(batch_of(tid)) != who.tenant:
+        raise NotFound(f"no trajectory {tid!r}")
+    if kind == MEDIA_TYPE:
+        packed = await store.trajectory_packed(tid)
+        if packed is None:
+            raise NotFound(f"no trajectory {tid!r}")
+        return formats.packed_response([with_samples(plain(packed)) if samples else packed],
+                                       formats.zstd_ok(request.headers.get("accept-encoding")))
+    traj = await store.trajectory(tid)
+    if traj is None:
         raise NotFound(f"no trajectory {tid!r}")
     return traj.with_samples() if samples else traj
 

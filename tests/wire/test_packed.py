@@ -1,0 +1,100 @@
+"""The compact trajectory form: what it packs, what it refuses, and that it reads back as JSON did."""
+
+from __future__ import annotations
+
+import struct
+
+import msgpack
+import numpy as np
+import pytest
+
+from trainer_client.tensors import as_numpy, as_torch
+from wire import Trajectory, TrajectoryPage, TrajectoryState, Turn
+from wire.packed import (
+    PackedTrajectory,
+    pack_trajectory,
+    pack_turn,
+    page_bytes,
+    unpack,
+    unpack_page,
+    unpack_trajectory,
+    unpack_turn,
+    with_samples,
+)
+
+
+def turn(i: int, prompt: list[int], out: list[int], lps: list[float], segment: int = 0) -> Turn:
+    return Turn(index=i, prompt_ids=prompt, output_ids=out, output_logprobs=lps, finish_reason="stop",
+                policy_version=3, engine_id="e0", segment=segment)
+
+
+def traj(turns: list[Turn]) -> Trajectory:
+    return Trajectory(id="b-0-1", batch_id="b", group_index=0, sample_index=1, env="math", task={"q": "2+2?"},
+                      state=TrajectoryState.completed, reward=0.5, turns=turns, info={"k": [1, "x"]})
+
+
+F32 = [-0.5, -0.25, -3.0]  # exact in float32: the round trip must be exact
+
+
+def test_round_trip_is_exact_for_float32_logprobs_and_int32_ids():
+    t = traj([turn(0, [1, 2, 151_000], [2**31 - 1, 0], F32[:2]), turn(1, [9], [8], F32[2:])])
+    raw = pack_trajectory(t)
+    assert unpack(unpack_trajectory(raw)) == t
+    doc = msgpack.unpackb(raw)
+    assert doc["turns"][0]["prompt_ids"] == struct.pack("<3i", 1, 2, 151_000)  # little-endian int32, as documented
+    assert doc["turns"][0]["output_logprobs"] == struct.pack("<2f", -0.5, -0.25)
+    assert set(doc) == set(Trajectory.model_fields)  # the JSON form's keys, no more, no fewer
+
+
+def test_a_float64_logprob_is_rounded_to_float32():
+    t = traj([turn(0, [1], [2], [-0.1])])
+    got = unpack(unpack_trajectory(pack_trajectory(t))).turns[0].output_logprobs[0]
+    assert got == float(np.float32(-0.1)) and got != -0.1
+
+
+def test_a_token_id_outside_int32_is_refused():
+    with pytest.raises(OverflowError):
+        pack_trajectory(traj([turn(0, [2**31], [1], [-1.0])]))
+
+
+def test_packed_samples_match_the_json_forms_samples_segment_by_segment():
+    t = traj([turn(0, [1, 2], [3, 4], [-0.5, -0.25]), turn(1, [5], [6], [-3.0]),
+              turn(2, [7, 8, 9], [10], [-0.5], segment=1)])
+    packed = unpack_trajectory(pack_trajectory(t)).samples()
+    assert len(packed) == len(t.samples()) == 2
+    for p, s in zip(packed, t.samples()):
+        ids, mask, lps = as_numpy(p)
+        assert ids.tolist() == s.token_ids and mask.tolist() == s.loss_mask and lps.tolist() == s.logprobs
+        tids, tmask, tlps = as_torch(p)
+        assert tids.tolist() == s.token_ids and tmask.tolist() == s.loss_mask and tlps.tolist() == s.logprobs
+
+
+def test_with_samples_adds_the_training_view_packed():
+    t = traj([turn(0, [1, 2], [3], [-0.5])])
+    p = unpack_trajectory(with_samples(pack_trajectory(t)))
+    assert p.training_samples is not None and unpack(p).training_samples == t.samples()
+
+
+def test_a_page_of_stored_bytes_decodes_as_a_trajectory_page():
+    items = [traj([turn(0, [i], [i + 1], [-0.5])]).model_copy(update={"id": f"b-0-{i}"}) for i in range(20)]
+    for n in (0, 1, 15, 16, 20):  # msgpack's fixarray ends at 15: both headers
+        got, nxt = unpack_page(page_bytes([pack_trajectory(t) for t in items[:n]], 40 if n else None))
+        assert [unpack(p) for p in got] == items[:n] and nxt == (40 if n else None)
+    raw = msgpack.unpackb(page_bytes([], None))
+    assert set(raw) == set(TrajectoryPage.model_fields)
+
+
+def test_live_turns_round_trip_at_four_bytes_a_token_and_a_logprob():
+    t = turn(4, list(range(100_000, 100_500)), list(range(50_000, 50_500)), [float(np.float32(-i / 7)) for i in range(500)])
+    raw = pack_turn(t)
+    assert unpack_turn(raw) == t
+    fields = len(pack_turn(t.model_copy(update={"prompt_ids": [], "output_ids": [], "output_logprobs": []})))
+    assert len(raw) == fields + 4 * 1000 + 4 * 500 + 3  # each bin header: 2 bytes when empty, 3 past 255 bytes
+    assert len(raw) * 2 < len(t.model_dump_json())
+
+
+def test_an_unknown_field_in_the_compact_form_is_an_error():
+    doc = msgpack.unpackb(pack_trajectory(traj([])))
+    doc["surprise"] = 1
+    with pytest.raises(ValueError):
+        PackedTrajectory.model_validate(doc)

@@ -1,0 +1,204 @@
+"""The compact trajectory form: msgpack, with every token array packed as raw little-endian bytes.
+
+JSON (`application/json`) stays the default for humans; a client that sends
+`Accept: application/msgpack` on `GET /v1/trajectories/{id}` or `GET /v1/batches/{id}/trajectories`
+gets this form, and the trainer SDK asks for it. It is the `Trajectory` (or `TrajectoryPage`)
+document with the same keys, except that these arrays are msgpack `bin` values:
+
+    Turn.prompt_ids, Turn.output_ids        int32   (`<i4`, 4 bytes per token)
+    Turn.output_logprobs                    float32 (`<f4`, 4 bytes per token)
+    Sample.token_ids / loss_mask / logprobs int32 / uint8 / float32 (with `?samples=true`)
+
+Logprobs are float32 here and at rest: engines compute them in float32 (vLLM's are exact
+float32 values), so nothing an engine returned is lost; a float64 value from elsewhere is
+rounded to the nearest float32. Token ids must fit in int32 (every vocabulary does).
+
+Over HTTP the compact form comes with `Content-Encoding: zstd` when the request's
+`Accept-Encoding` admits zstd (httpx does when `zstandard` is installed, and decodes it itself);
+otherwise plain. Compression is HTTP's business, not this format's: what is decoded is this.
+
+Non-goals: any field the JSON form lacks. `Trajectory` stays the one schema:
+the packed models below are built from its fields, so a field added there appears here.
+
+Example:
+    >>> from wire import Trajectory, TrajectoryState, Turn
+    >>> t = Trajectory(id="b-0-0", batch_id="b", group_index=0, sample_index=0, env="math", task={},
+    ...                state=TrajectoryState.completed, turns=[Turn(index=0, prompt_ids=[1, 2], output_ids=[3],
+    ...                output_logprobs=[-0.5], finish_reason="stop", policy_version=0, engine_id="e")])
+    >>> p = unpack_trajectory(pack_trajectory(t))
+    >>> p.samples()[0].token_ids == pack_ints([1, 2, 3]), unpack(p) == t
+    (True, True)
+"""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from typing import Any
+
+import msgpack
+from pydantic import Field, create_model
+
+from wire.base import Wire
+from wire.batches import Sample, Trajectory, TrajectoryPage, Turn
+
+MEDIA_TYPE = "application/msgpack"
+# Names other msgpack clients send for the same thing.
+MEDIA_TYPES = frozenset({MEDIA_TYPE, "application/x-msgpack", "application/vnd.msgpack"})
+
+_TURN_ARRAYS = {"prompt_ids": "i", "output_ids": "i", "output_logprobs": "f"}
+_SAMPLE_ARRAYS = {"token_ids": "i", "loss_mask": "B", "logprobs": "f"}
+assert array("i").itemsize == 4 and array("f").itemsize == 4, "int32/float32 arrays need a C int of 4 bytes"
+_SWAP = sys.byteorder != "little"  # the wire is little-endian; so is every machine we run on
+
+
+def _pack(code: str, values: Any) -> bytes:
+    a = array(code, values)
+    if _SWAP:
+        a.byteswap()
+    return a.tobytes()
+
+
+def _unpack(code: str, raw: bytes) -> list:
+    a = array(code)
+    a.frombytes(raw)
+    if _SWAP:
+        a.byteswap()
+    return a.tolist()
+
+
+def pack_ints(values: Any) -> bytes:
+    """int32 little-endian bytes (what `np.frombuffer(b, "<i4")` reads back)."""
+    return _pack("i", values)
+
+
+def pack_floats(values: Any) -> bytes:
+    """float32 little-endian bytes (what `np.frombuffer(b, "<f4")` reads back)."""
+    return _pack("f", values)
+
+
+def _packed_model(base: type[Wire], arrays: dict[str, str], name: str, **extra: Any) -> type[Wire]:
+    """`base`'s fields, with the `arrays` ones as bytes: the same schema, packed."""
+    fields: dict[str, Any] = {n: (bytes, Field(description=f"{base.__name__}.{n}, packed ({arrays[n]})"))
+                              if n in arrays else (f.annotation, f) for n, f in base.model_fields.items()}
+    fields.update(extra)
+    return create_model(name, __base__=Wire, **fields)
+
+
+PackedTurn = _packed_model(Turn, _TURN_ARRAYS, "PackedTurn")
+PackedSample = _packed_model(Sample, _SAMPLE_ARRAYS, "PackedSampleFields")
+
+
+class TrainingArrays(PackedSample):  # type: ignore[misc,valid-type]
+    """One training sample as packed arrays: `token_ids` int32, `loss_mask` uint8, `logprobs`
+    float32, aligned (`trainer_client.tensors` views them as numpy arrays or torch tensors)."""
+
+
+_PackedTrajectoryFields = _packed_model(
+    Trajectory, {}, "PackedTrajectoryFields", turns=(list[PackedTurn], Field(default_factory=list)),  # type: ignore[valid-type]
+    training_samples=(list[TrainingArrays] | None, None))
+
+
+class PackedTrajectory(_PackedTrajectoryFields):  # type: ignore[misc,valid-type]
+    """A trajectory in the compact form: `Trajectory`'s fields, token arrays as bytes."""
+
+    def samples(self) -> list[TrainingArrays]:
+        """One training sample per segment, concatenated as bytes (no per-token Python work)."""
+        if self.training_samples is not None:
+            return self.training_samples
+        parts: dict[int, tuple[list[bytes], list[bytes], list[bytes]]] = {}
+        for t in self.turns:
+            ids, mask, lps = parts.setdefault(t.segment, ([], [], []))
+            n_prompt, n_out = len(t.prompt_ids) // 4, len(t.output_ids) // 4
+            ids += [t.prompt_ids, t.output_ids]
+            mask += [bytes(n_prompt), b"\x01" * n_out]
+            lps += [bytes(4 * n_prompt), t.output_logprobs]
+        return [TrainingArrays(token_ids=b"".join(i), loss_mask=b"".join(m), logprobs=b"".join(lp))
+                for i, m, lp in (parts[k] for k in sorted(parts))]
+
+    @property
+    def usable(self) -> bool:
+        return self.state.usable
+
+
+def _pack_turn(t: Turn) -> dict[str, Any]:
+    d = t.model_dump(mode="json", exclude=set(_TURN_ARRAYS))
+    d.update({n: _pack(code, getattr(t, n)) for n, code in _TURN_ARRAYS.items()})
+    return d
+
+
+def _pack_sample(s: Sample) -> dict[str, Any]:
+    return {n: _pack(code, getattr(s, n)) for n, code in _SAMPLE_ARRAYS.items()}
+
+
+def trajectory_dict(t: Trajectory) -> dict[str, Any]:
+    """The msgpack-ready document of `t` (what `pack_trajectory` encodes)."""
+    d = t.model_dump(mode="json", exclude={"turns", "training_samples"}, exclude_none=False)
+    d["turns"] = [_pack_turn(turn) for turn in t.turns]
+    d["training_samples"] = None if t.training_samples is None else [_pack_sample(s) for s in t.training_samples]
+    return d
+
+
+def pack_trajectory(t: Trajectory) -> bytes:
+    return msgpack.packb(trajectory_dict(t), use_bin_type=True)
+
+
+def pack_turn(t: Turn) -> bytes:
+    return msgpack.packb(_pack_turn(t), use_bin_type=True)
+
+
+def unpack_turn(raw: bytes) -> Turn:
+    d = msgpack.unpackb(raw, raw=False)
+    d.update({n: _unpack(code, d[n]) for n, code in _TURN_ARRAYS.items()})
+    return Turn.model_validate(d)
+
+
+def unpack_trajectory(raw: bytes) -> PackedTrajectory:
+    return PackedTrajectory.model_validate(msgpack.unpackb(raw, raw=False))
+
+
+def unpack_page(raw: bytes) -> tuple[list[PackedTrajectory], int | None]:
+    """A `TrajectoryPage` in the compact form: `{"items": [...], "next_cursor": n}`."""
+    d = msgpack.unpackb(raw, raw=False)
+    return [PackedTrajectory.model_validate(t) for t in d["items"]], d["next_cursor"]
+
+
+def unpack(p: PackedTrajectory) -> Trajectory:
+    """Back to the JSON form's model (lists of Python numbers): for humans and old code."""
+    d = p.model_dump(exclude={"turns", "training_samples"})
+    d["turns"] = [{**t.model_dump(exclude=set(_TURN_ARRAYS)),
+                   **{n: _unpack(code, getattr(t, n)) for n, code in _TURN_ARRAYS.items()}} for t in p.turns]
+    if p.training_samples is not None:
+        d["training_samples"] = [{n: _unpack(code, getattr(s, n)) for n, code in _SAMPLE_ARRAYS.items()}
+                                 for s in p.training_samples]
+    return Trajectory.model_validate(d)
+
+
+def with_samples(raw: bytes) -> bytes:
+    """A packed trajectory with its `training_samples` added (what `?samples=true` asks for)."""
+    d = msgpack.unpackb(raw, raw=False)
+    d["training_samples"] = [s.model_dump() for s in PackedTrajectory.model_validate(d).samples()]
+    return msgpack.packb(d, use_bin_type=True)
+
+
+def page_bytes(items: list[bytes], next_cursor: int | None) -> bytes:
+    """A compact `TrajectoryPage` from trajectories already packed (as stored): msgpack lets a
+    map's values be written one after another, so the stored bytes are copied, not re-encoded."""
+    head, tail = page_parts(len(items), next_cursor)
+    return b"".join([head, *items, tail])
+
+
+def page_parts(n: int, next_cursor: int | None) -> tuple[bytes, bytes]:
+    """What goes before and after `n` packed trajectories to make a compact `TrajectoryPage`."""
+    return b"\x82" + msgpack.packb("items") + _array_header(n), msgpack.packb("next_cursor") + msgpack.packb(next_cursor)
+
+
+def _array_header(n: int) -> bytes:
+    if n < 16:
+        return bytes([0x90 | n])
+    if n < 2**16:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
+
+
+assert set(TrajectoryPage.model_fields) == {"items", "next_cursor"}  # page_bytes writes exactly these
