@@ -1,0 +1,183 @@
+"""A recorded batch replayed in the simulator, and the figures that compare it with the real run.
+
+    wl, over = recorded_workload(Path("batch.jsonl"), concurrency=16, engines=2)
+    sim = simulate(wl, engines=2, cost=cpu_preset.engine("smollm2"), overhead=over)
+    real = real_figures(trajectories, makespan_s, busy)
+    for name, r, s, err in compare(real, sim): print(f"fidelity {name} real={r} sim={s} error={err}%")
+
+The workload is the recording's (`trace.trace_workload`, in the order the service queued it):
+each episode's turn count, prompt, response and observation lengths, and tool times. The
+simulation is `cluster.Cluster` (the real scheduler classes, the engines costed by the CPU
+preset), in asynchronous mode with as many trajectories in flight as the service ran
+(`ROLLOUT_WORKER_CONCURRENCY`), every engine mixed (what the service does without
+`--pd-allocation`).
+
+What the simulator leaves out of a turn, as two named cost terms (`Overhead`), each read off
+the same recording; zero gives the engine-only simulation:
+
+- `request_s`: before each engine call, the median over turns of the worker's elapsed time less
+  vLLM's own time to first token and generation time (`Turn.timings.queue_s`): the HTTP round
+  trip, vLLM's API server (tokenizing, detokenizing the response) and vLLM's queue wait.
+- `turn_s`: after each turn's tool time, the median over trajectories of the active time that no
+  turn accounts for (`active_s` − Σ queue + prefill + decode + tool), per turn: the worker's
+  chat template, the turn's Redis write, env open and close spread over the turns.
+
+Figures: makespan (submission to the last result; the simulation from its start), p50/p90
+trajectory latency (the worker's `active_s`: claim to end; the simulation from a slot opening
+to the end), mean per-turn prefill time (vLLM: scheduled to first token; the simulation:
+the prompt delta handed to an engine to prefilled), mean per-turn decode time (first token to
+last), engine busy fraction (real: sampled `vllm:num_requests_running + waiting > 0`).
+
+Non-goals: starting engines or the service (`benchmarks/sim_fidelity.py`), GPUs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import mean, median
+
+from benchmarks.sim.cluster import Cluster, Policy
+from benchmarks.sim.cost import ClusterCost
+from benchmarks.sim.trace import TraceWorkload, trace_workload
+from rollout_service.recording import read
+from wire import Trajectory
+
+FIGURES = ("makespan_s", "latency_p50_s", "latency_p90_s", "prefill_mean_s", "decode_mean_s", "busy_fraction")
+
+
+@dataclass(slots=True, frozen=True)
+class Overhead:
+    """Time a turn spends outside the engine and the environment (seconds), with its source."""
+
+    request_s: float = 0.0  # before each engine call: HTTP + vLLM API server + vLLM queue
+    turn_s: float = 0.0  # after each turn: worker bookkeeping, env open/close spread over turns
+    source: str = "none: the engine-only simulation"
+
+    @staticmethod
+    def from_recording(trajs: list[Trajectory], source: str = "") -> Overhead:
+        turns = [t for tr in trajs for t in tr.turns]
+        gaps = [(tr.active_s - sum(t.timings.queue_s + t.timings.prefill_s + t.timings.decode_s + t.timings.tool_s
+                                   for t in tr.turns)) / len(tr.turns) for tr in trajs if tr.turns]
+        return Overhead(median(t.timings.queue_s for t in turns) if turns else 0.0,
+                        max(median(gaps), 0.0) if gaps else 0.0, source or "medians of the recording")
+
+
+@dataclass(slots=True)
+class Figures:
+    makespan_s: float
+    latency_p50_s: float
+    latency_p90_s: float
+    prefill_mean_s: float
+    decode_mean_s: float
+    busy_fraction: float
+    trajectories: int = 0
+    turns: int = 0
+
+    def row(self) -> dict:
+        return {f: round(getattr(self, f), 4) for f in (*FIGURES, "trajectories", "turns")}
+
+
+def pct(xs: list[float], q: float) -> float:
+    """The q-quantile, nearest rank (no interpolation: the figure is one trajectory's)."""
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))] if s else 0.0
+
+
+def real_figures(trajs: list[Trajectory], makespan_s: float, busy: float) -> Figures:
+    lat = [t.active_s for t in trajs]
+    turns = [u for t in trajs for u in t.turns]
+    return Figures(makespan_s, pct(lat, 0.5), pct(lat, 0.9), mean(u.timings.prefill_s for u in turns),
+                   mean(u.timings.decode_s for u in turns), busy, len(trajs), len(turns))
+
+
+def recorded_workload(path: Path, concurrency: int, engines: int, overhead: Overhead = Overhead()) -> TraceWorkload:
+    """The recording as a workload: every episode once, in queue order, `concurrency` in flight."""
+    _, records = read(path)
+    ran = sum(1 for r in records if r.trajectory.turns)
+    if ran % concurrency or concurrency % engines:
+        raise ValueError(f"{ran} episodes do not split into rounds of {concurrency} over {engines} engines")
+    wl = trace_workload(path, per_gpu=concurrency // engines, rounds=ran // concurrency, name=path.stem)
+    wl.offset = 0  # the service claims in queue order (group, sample): so does the simulation
+    for ep in wl.recorded:
+        for t in ep.turns:
+            t.latency_s += overhead.turn_s
+    return wl
+
+
+class TimedCluster(Cluster):
+    """`Cluster` that also times each turn's prefill and decode and each trajectory, and waits
+    `Overhead.request_s` before each engine call. Scheduler calls are unchanged."""
+
+    def __init__(self, *a, overhead: Overhead = Overhead(), **kw):
+        super().__init__(*a, **kw)
+        self.overhead = overhead
+        self.started: dict[str, float] = {}
+        self.latency: list[float] = []
+        self.prefill: list[float] = []
+        self.decode: list[float] = []
+        self._mark: dict[str, float] = {}
+
+    def _start_turn(self, tid: str, delta: int) -> None:
+        self.started.setdefault(tid, self.loop.now)
+        if self.overhead.request_s > 0:
+            self.loop.after(self.overhead.request_s, self._send, (tid, delta))
+        else:
+            self._send((tid, delta))
+
+    def _send(self, arg: tuple[str, int]) -> None:
+        self._mark[arg[0]] = self.loop.now
+        super()._start_turn(*arg)
+
+    def _prefilled(self, gpu, tid: str) -> None:
+        self.prefill.append(self.loop.now - self._mark[tid])
+        super()._prefilled(gpu, tid)
+
+    def _join_decode(self, arg: tuple[str, str]) -> None:
+        self._mark[arg[0]] = self.loop.now
+        super()._join_decode(arg)
+
+    def _decoded(self, gpu, tid: str) -> None:
+        self.decode.append(self.loop.now - self._mark[tid])
+        super()._decoded(gpu, tid)
+
+    def _finish(self, tid: str) -> None:
+        self.latency.append(self.loop.now - self.started.pop(tid))
+        super()._finish(tid)
+
+
+def simulate(wl: TraceWorkload, engines: int, cost: ClusterCost, overhead: Overhead = Overhead()) -> Figures:
+    c = TimedCluster(wl, engines, Policy.colocated(), "async", cost=cost, overhead=overhead)
+    res = c.run()
+    return Figures(res.makespan_s, pct(c.latency, 0.5), pct(c.latency, 0.9), mean(c.prefill), mean(c.decode),
+                   res.utilization, res.trajectories, res.turns)
+
+
+@dataclass(slots=True)
+class Line:
+    name: str
+    real: float
+    sim: float
+
+    @property
+    def error_pct(self) -> float:
+        return 100 * (self.sim / self.real - 1) if self.real else float("inf")
+
+    def text(self, label: str = "") -> str:
+        return f"fidelity {label}{self.name} real={self.real:.4g} sim={self.sim:.4g} error={self.error_pct:+.1f}%"
+
+
+def compare(real: Figures, sim: Figures) -> list[Line]:
+    return [Line(f, getattr(real, f), getattr(sim, f)) for f in FIGURES]
+
+
+@dataclass(slots=True)
+class Runs:
+    """Several runs of one configuration: the figure-wise medians."""
+
+    real: list[Figures] = field(default_factory=list)
+    sim: list[Figures] = field(default_factory=list)
+
+    def lines(self) -> list[Line]:
+        return [Line(f, median(getattr(r, f) for r in self.real), median(getattr(s, f) for s in self.sim))
+                for f in FIGURES]

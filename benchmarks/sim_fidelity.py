@@ -1,0 +1,207 @@
+"""Does the simulator reproduce a real rollout run? A real batch on vLLM CPU engines, the same
+workload simulated with the CPU preset, one line per figure.
+
+    python benchmarks/sim_fidelity.py --model smollm2 --trajectories 64 --runs 3
+
+For each configuration (`--configs ENGINESxCONCURRENCY,...`, default 2 engines and 1, 8
+trajectories in flight): `rollout up` (gateway, Redis queue, worker, env worker) in front of
+the first ENGINES of the vLLM CPU servers this script starts (one core each: `--cpus`), a batch
+of `calc` episodes, its recording (`rollout export`'s format), and the simulation of that
+recording (`benchmarks/sim/fidelity.py`: the real scheduler classes, engines costed by the
+CPU preset `benchmarks/sim/data/cpu/preset.json`). Prints
+
+    fidelity CONFIG/SIM NAME real=X sim=Y error=Z%
+
+for makespan, p50/p90 trajectory latency, mean per-turn prefill and decode time and engine
+busy fraction, the median of `--runs` runs, for two simulations: `engine` (the engine-only
+simulation) and `service` (plus the two per-turn overhead terms of `fidelity.Overhead`, read off
+the same recording). Every run notes the load average before and after (the machine is
+shared); the JSON (`--out`) has every run's figures, recording paths and loads.
+
+Non-goals: GPUs, prefill/decode disaggregation (every engine is mixed), failures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from benchmarks.sim import cpu_preset
+from benchmarks.sim.fidelity import Figures, Line, Overhead, Runs, real_figures, recorded_workload, simulate
+from rollout_service.local import vllm_local
+from rollout_service.recording import write
+from trainer_client import RolloutClient
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _up import start_up  # noqa: E402
+
+_GAUGE = re.compile(r"^vllm:num_requests_(running|waiting)\{[^}]*\}\s+([0-9.eE+-]+)", re.M)
+
+
+class BusyProbe:
+    """Samples each engine's /metrics every `period_s`: busy when a request runs or waits."""
+
+    def __init__(self, urls: list[str], period_s: float = 0.1):
+        self.urls, self.period_s = urls, period_s
+        self.samples = {u: [] for u in urls}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=5) as http:
+            while not self._stop.is_set():
+                for u in self.urls:
+                    try:
+                        text = http.get(f"{u}/metrics").text
+                        self.samples[u].append(sum(float(v) for _, v in _GAUGE.findall(text)) > 0)
+                    except httpx.HTTPError:
+                        pass
+                self._stop.wait(self.period_s)
+
+    def __enter__(self) -> BusyProbe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def fraction(self) -> float:
+        per = [sum(s) / len(s) for s in self.samples.values() if s]
+        return sum(per) / len(per) if per else 0.0
+
+
+def load() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def run_batch(gateway: str, engine_urls: list[str], trajectories: int, turns: int, max_tokens: int,
+              recording: Path, seed: int = 0) -> tuple[list, float, float]:
+    """One batch of `calc` episodes through the service; its recording is written to `recording`.
+    Returns (trajectories, makespan in s, engine busy fraction)."""
+    tasks = [{"seed": seed * 100_000 + i} for i in range(trajectories)]
+    with RolloutClient(gateway, timeout=120) as c, BusyProbe(engine_urls) as probe:
+        b = c.submit(tasks, env="calc", sampling={"temperature": 1.0, "max_tokens": max_tokens, "seed": seed},
+                     max_turns=turns)
+        for _ in c.iter_results(b.id):
+            pass
+        st = c.wait(b.id, poll_s=0.2)
+    with RolloutClient(gateway, timeout=120) as c:
+        trajs = list(c.trajectories(b.id))
+        tmp = recording.with_name(recording.name + ".part")
+        with tmp.open("w") as f:
+            write(f, st, c.request(b.id), trajs)
+        tmp.replace(recording)
+    failed = [t for t in trajs if t.failure is not None]
+    if failed:
+        raise RuntimeError(f"{len(failed)} trajectories failed, e.g. {failed[0].failure}")
+    return trajs, st.finished_at - st.created_at, probe.fraction()
+
+
+def start_service(redis_url: str, engines: list[str], model: str, tokenizer: str, concurrency: int):
+    """`rollout up` on the first engine; the others registered through the admin API."""
+    up, gw = start_up(redis_url, "--engine-url", engines[0], "--model", model, "--tokenizer", tokenizer,
+                      env={"ROLLOUT_WORKER_CONCURRENCY": str(concurrency)})
+    with RolloutClient(gw) as c:
+        for i, url in enumerate(engines[1:], 1):
+            c.register_engine(f"engine-{i}", url, model=model, tokenizer=tokenizer)
+    time.sleep(3)  # the worker's fleet reads the registry every 2 s
+    return up, gw
+
+
+def fidelity_run(gateway: str, engine_urls: list[str], model: str, concurrency: int, trajectories: int,
+                 turns: int, max_tokens: int, recording: Path, seed: int) -> dict:
+    """A real batch and its two simulations: {"real", "engine", "service"} Figures, overhead, loads."""
+    before = load()
+    trajs, makespan, busy = run_batch(gateway, engine_urls, trajectories, turns, max_tokens, recording, seed)
+    after = load()
+    real = real_figures(trajs, makespan, busy)
+    over = Overhead.from_recording(trajs, f"medians of {recording.name}")
+    cost = cpu_preset.engine(model)
+    n = len(engine_urls)
+    engine_only = simulate(recorded_workload(recording, concurrency, n), n, cost)
+    service = simulate(recorded_workload(recording, concurrency, n, over), n, cost, over)
+    return {"real": real, "engine": engine_only, "service": service, "overhead": over,
+            "load_before": before, "load_after": after, "recording": str(recording)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2", choices=["smollm2", "tiny"])
+    ap.add_argument("--configs", default="2x8,1x8", help="ENGINESxCONCURRENCY, comma separated")
+    ap.add_argument("--trajectories", type=int, default=64)
+    ap.add_argument("--turns", type=int, default=4, help="max_turns of each calc episode")
+    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--cpus", default="0,1", help="one core per engine, in order")
+    ap.add_argument("--redis-url", default=os.environ.get("ROLLOUT_REDIS_URL", "redis://127.0.0.1:6379/0"))
+    ap.add_argument("--out", default="benchmarks/results/sim_fidelity.json")
+    a = ap.parse_args()
+
+    configs = [tuple(int(x) for x in c.split("x")) for c in a.configs.split(",")]
+    cores = a.cpus.split(",")
+    n_engines = max(e for e, _ in configs)
+    if n_engines > len(cores):
+        raise SystemExit(f"{n_engines} engines but only cores {a.cpus}")
+    path = vllm_local.prepare_model(a.model)
+    base = 18600 + os.getpid() % 200
+    procs = [vllm_local.start_server(path, base + i, a.model, cpus=cores[i]) for i in range(n_engines)]
+    urls = [f"http://127.0.0.1:{base + i}" for i in range(n_engines)]
+    out_dir = Path(a.out).with_suffix("")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results: dict = {"model": a.model, "trajectories": a.trajectories, "turns": a.turns, "max_tokens": a.max_tokens,
+                     "cpus": a.cpus, "preset": cpu_preset.preset().source, "configs": {}}
+    try:
+        for p, u in zip(procs, urls):
+            vllm_local.wait_ready(u, 600, p)
+        for engines, conc in configs:
+            name = f"{engines}e-c{conc}"
+            up, gw = start_service(a.redis_url, urls[:engines], a.model, str(path), conc)
+            runs, eng_runs, record = Runs(), Runs(), []
+            try:
+                run_batch(gw, urls[:engines], 2 * engines, 1, 8, out_dir / f"{name}-warmup.jsonl")  # first calls' costs
+                for r in range(a.runs):
+                    res = fidelity_run(gw, urls[:engines], a.model, conc, a.trajectories, a.turns, a.max_tokens,
+                                       out_dir / f"{name}-run{r}.jsonl", seed=r + 1)
+                    runs.real.append(res["real"])
+                    runs.sim.append(res["service"])
+                    eng_runs.real.append(res["real"])
+                    eng_runs.sim.append(res["engine"])
+                    record.append({**{k: res[k].row() for k in ("real", "engine", "service")},
+                                   "overhead": dataclasses.asdict(res["overhead"]),
+                                   **{k: res[k] for k in ("load_before", "load_after", "recording")}})
+                    print(f"run {r} {name}: load {res['load_before']} -> {res['load_after']}, "
+                          f"makespan real {res['real'].makespan_s:.1f} s", file=sys.stderr)
+            finally:
+                up.terminate()
+                up.wait(30)
+            loads = [x for rec in record for x in (rec["load_before"], rec["load_after"])]
+            for label, rs in (("engine", eng_runs), ("service", runs)):
+                for ln in rs.lines():
+                    print(f"{ln.text(f'{name}/{label} ')} (load {min(loads):.1f}-{max(loads):.1f})")
+            results["configs"][name] = {"engines": engines, "concurrency": conc, "runs": record,
+                                        "median": {label: [_line(ln) for ln in rs.lines()]
+                                                   for label, rs in (("engine", eng_runs), ("service", runs))},
+                                        "load_range": [min(loads), max(loads)]}
+    finally:
+        for p in procs:
+            vllm_local.stop_server(p)
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(results, indent=1) + "\n")
+
+
+def _line(ln: Line) -> dict:
+    return {"name": ln.name, "real": round(ln.real, 4), "sim": round(ln.sim, 4), "error_pct": round(ln.error_pct, 1)}
+
+
+if __name__ == "__main__":
+    main()
