@@ -38,7 +38,7 @@ import httpx
 from benchmarks.sim import cpu_preset
 from benchmarks.sim.fidelity import Figures, Line, Overhead, Runs, real_figures, recorded_workload, simulate
 from rollout_service.local import vllm_local
-from rollout_service.recording import write
+from rollout_service.recording import read, write
 from trainer_client import RolloutClient
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -118,20 +118,86 @@ def start_service(redis_url: str, engines: list[str], model: str, tokenizer: str
     return up, gw
 
 
+def simulate_run(recording: Path, model: str, engines: int, concurrency: int) -> dict:
+    """The engine-only and the service simulation of one recorded run, and the overhead used."""
+    _, records = read(recording)
+    over = Overhead.from_recording([r.trajectory for r in records], f"medians of {recording.name}")
+    cost = cpu_preset.engine(model)
+    return {"engine": simulate(recorded_workload(recording, concurrency, engines), engines, cost),
+            "service": simulate(recorded_workload(recording, concurrency, engines, over), engines, cost, over),
+            "overhead": over}
+
+
 def fidelity_run(gateway: str, engine_urls: list[str], model: str, concurrency: int, trajectories: int,
                  turns: int, max_tokens: int, recording: Path, seed: int) -> dict:
     """A real batch and its two simulations: {"real", "engine", "service"} Figures, overhead, loads."""
     before = load()
     trajs, makespan, busy = run_batch(gateway, engine_urls, trajectories, turns, max_tokens, recording, seed)
     after = load()
-    real = real_figures(trajs, makespan, busy)
-    over = Overhead.from_recording(trajs, f"medians of {recording.name}")
-    cost = cpu_preset.engine(model)
-    n = len(engine_urls)
-    engine_only = simulate(recorded_workload(recording, concurrency, n), n, cost)
-    service = simulate(recorded_workload(recording, concurrency, n, over), n, cost, over)
-    return {"real": real, "engine": engine_only, "service": service, "overhead": over,
+    return {"real": real_figures(trajs, makespan, busy), **simulate_run(recording, model, len(engine_urls), concurrency),
             "load_before": before, "load_after": after, "recording": str(recording)}
+
+
+def report(results: dict) -> None:
+    """Simulate every recorded run of `results` again (with the preset as it is now), print the
+    median lines of each configuration, and fill `results` in."""
+    results["preset"] = cpu_preset.preset().source
+    for name, cfg in results["configs"].items():
+        by = {"engine": Runs(), "service": Runs()}
+        for run in cfg["runs"]:
+            sims = simulate_run(Path(run["recording"]), results["model"], cfg["engines"], cfg["concurrency"])
+            real = Figures(**run["real"])
+            for label, rs in by.items():
+                rs.real.append(real)
+                rs.sim.append(sims[label])
+                run[label] = sims[label].row()
+            run["overhead"] = dataclasses.asdict(sims["overhead"])
+        loads = [x for run in cfg["runs"] for x in (run["load_before"], run["load_after"])]
+        cfg["load_range"] = [min(loads), max(loads)]
+        cfg["median"] = {label: [_line(ln) for ln in rs.lines()] for label, rs in by.items()}
+        for label, rs in by.items():
+            for ln in rs.lines():
+                print(f"{ln.text(f'{name}/{label} ')} (median of {len(rs.real)}; load {min(loads):.1f}-{max(loads):.1f})")
+
+
+def real_runs(a, results: dict, out: Path) -> None:
+    """Start the engines, and per configuration `rollout up` and `a.runs` batches; each run's real
+    figures and recording go into `results` (written to `out` after every run)."""
+    configs = [tuple(int(x) for x in c.split("x")) for c in a.configs.split(",")]
+    cores = a.cpus.split(",")
+    n_engines = max(e for e, _ in configs)
+    if n_engines > len(cores):
+        raise SystemExit(f"{n_engines} engines but only cores {a.cpus}")
+    path = vllm_local.prepare_model(a.model)
+    base = 18600 + os.getpid() % 200
+    procs = [vllm_local.start_server(path, base + i, a.model, cpus=cores[i]) for i in range(n_engines)]
+    urls = [f"http://127.0.0.1:{base + i}" for i in range(n_engines)]
+    rec_dir = out.with_suffix("")
+    rec_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        for p, u in zip(procs, urls):
+            vllm_local.wait_ready(u, 600, p)
+        for engines, conc in configs:
+            name = f"{engines}e-c{conc}"
+            cfg = results["configs"][name] = {"engines": engines, "concurrency": conc, "runs": []}
+            up, gw = start_service(a.redis_url, urls[:engines], a.model, str(path), conc)
+            try:
+                run_batch(gw, urls[:engines], 2 * engines, 1, 8, rec_dir / f"{name}-warmup.jsonl")  # first calls' costs
+                for r in range(a.runs):
+                    recording = rec_dir / f"{name}-run{r}.jsonl"
+                    before = load()
+                    trajs, makespan, busy = run_batch(gw, urls[:engines], a.trajectories, a.turns, a.max_tokens,
+                                                      recording, seed=r + 1)
+                    cfg["runs"].append({"real": real_figures(trajs, makespan, busy).row(), "load_before": before,
+                                        "load_after": load(), "recording": str(recording)})
+                    out.write_text(json.dumps(results, indent=1) + "\n")
+                    print(f"run {r} {name}: makespan {makespan:.1f} s, load {before} -> {load()}", file=sys.stderr)
+            finally:
+                up.terminate()
+                up.wait(30)
+    finally:
+        for p in procs:
+            vllm_local.stop_server(p)
 
 
 def main() -> None:
@@ -145,58 +211,19 @@ def main() -> None:
     ap.add_argument("--cpus", default="0,1", help="one core per engine, in order")
     ap.add_argument("--redis-url", default=os.environ.get("ROLLOUT_REDIS_URL", "redis://127.0.0.1:6379/0"))
     ap.add_argument("--out", default="benchmarks/results/sim_fidelity.json")
+    ap.add_argument("--resimulate", action="store_true",
+                    help="no real runs: simulate the recordings of --out again (e.g. after refitting the preset)")
     a = ap.parse_args()
-
-    configs = [tuple(int(x) for x in c.split("x")) for c in a.configs.split(",")]
-    cores = a.cpus.split(",")
-    n_engines = max(e for e, _ in configs)
-    if n_engines > len(cores):
-        raise SystemExit(f"{n_engines} engines but only cores {a.cpus}")
-    path = vllm_local.prepare_model(a.model)
-    base = 18600 + os.getpid() % 200
-    procs = [vllm_local.start_server(path, base + i, a.model, cpus=cores[i]) for i in range(n_engines)]
-    urls = [f"http://127.0.0.1:{base + i}" for i in range(n_engines)]
-    out_dir = Path(a.out).with_suffix("")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    results: dict = {"model": a.model, "trajectories": a.trajectories, "turns": a.turns, "max_tokens": a.max_tokens,
-                     "cpus": a.cpus, "preset": cpu_preset.preset().source, "configs": {}}
-    try:
-        for p, u in zip(procs, urls):
-            vllm_local.wait_ready(u, 600, p)
-        for engines, conc in configs:
-            name = f"{engines}e-c{conc}"
-            up, gw = start_service(a.redis_url, urls[:engines], a.model, str(path), conc)
-            runs, eng_runs, record = Runs(), Runs(), []
-            try:
-                run_batch(gw, urls[:engines], 2 * engines, 1, 8, out_dir / f"{name}-warmup.jsonl")  # first calls' costs
-                for r in range(a.runs):
-                    res = fidelity_run(gw, urls[:engines], a.model, conc, a.trajectories, a.turns, a.max_tokens,
-                                       out_dir / f"{name}-run{r}.jsonl", seed=r + 1)
-                    runs.real.append(res["real"])
-                    runs.sim.append(res["service"])
-                    eng_runs.real.append(res["real"])
-                    eng_runs.sim.append(res["engine"])
-                    record.append({**{k: res[k].row() for k in ("real", "engine", "service")},
-                                   "overhead": dataclasses.asdict(res["overhead"]),
-                                   **{k: res[k] for k in ("load_before", "load_after", "recording")}})
-                    print(f"run {r} {name}: load {res['load_before']} -> {res['load_after']}, "
-                          f"makespan real {res['real'].makespan_s:.1f} s", file=sys.stderr)
-            finally:
-                up.terminate()
-                up.wait(30)
-            loads = [x for rec in record for x in (rec["load_before"], rec["load_after"])]
-            for label, rs in (("engine", eng_runs), ("service", runs)):
-                for ln in rs.lines():
-                    print(f"{ln.text(f'{name}/{label} ')} (load {min(loads):.1f}-{max(loads):.1f})")
-            results["configs"][name] = {"engines": engines, "concurrency": conc, "runs": record,
-                                        "median": {label: [_line(ln) for ln in rs.lines()]
-                                                   for label, rs in (("engine", eng_runs), ("service", runs))},
-                                        "load_range": [min(loads), max(loads)]}
-    finally:
-        for p in procs:
-            vllm_local.stop_server(p)
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(results, indent=1) + "\n")
+    out = Path(a.out)
+    if a.resimulate:
+        results = json.loads(out.read_text())
+    else:
+        results = {"model": a.model, "trajectories": a.trajectories, "turns": a.turns, "max_tokens": a.max_tokens,
+                   "cpus": a.cpus, "configs": {}}
+        out.parent.mkdir(parents=True, exist_ok=True)
+        real_runs(a, results, out)
+    report(results)
+    out.write_text(json.dumps(results, indent=1) + "\n")
 
 
 def _line(ln: Line) -> dict:

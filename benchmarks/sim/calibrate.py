@@ -97,9 +97,11 @@ def device_info(path: Path) -> dict:
     return {}
 
 
-def fit(rows: list[Row], base: GPU, tiles=TILES, rects=(True, False), bounds=FIT) -> GPU:
+def fit(rows: list[Row], base: GPU, tiles=TILES, rects=(True, False), bounds=FIT, loss: str = "linear") -> GPU:
     """The GPU that best explains `rows` (all with `ms`), starting from `base`; `bounds` has
-    FIT's layout (a CPU's figures lie far below a GPU's: `cpu_preset.CPU_FIT`)."""
+    FIT's layout (a CPU's figures lie far below a GPU's: `cpu_preset.CPU_FIT`). `loss`:
+    scipy's; "soft_l1" (scale 0.1 in log units, ~10%) lets a row a busy neighbour slowed
+    weigh less (`cpu_preset`)."""
     y = np.log([r.ms for r in rows])
     best, best_cost = base, float("inf")
     for tile in tiles:
@@ -114,7 +116,8 @@ def fit(rows: list[Row], base: GPU, tiles=TILES, rects=(True, False), bounds=FIT
                 return np.log([r.predict_ms(g) for r in rows]) - y
 
             x0 = [min(max(getattr(start, f) / unit, lo), hi) for f, unit, lo, hi in bounds]
-            sol = least_squares(residuals, x0, bounds=([lo for *_, lo, _ in bounds], [hi for *_, hi in bounds]))
+            sol = least_squares(residuals, x0, bounds=([lo for *_, lo, _ in bounds], [hi for *_, hi in bounds]),
+                                loss=loss, f_scale=0.1)
             if sol.cost < best_cost:
                 best, best_cost = gpu_at(sol.x), sol.cost
     return best

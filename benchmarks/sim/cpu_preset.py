@@ -9,10 +9,13 @@ bounds wide enough for one CPU core (`CPU_FIT`: GFLOP/s and GB/s instead of TFLO
 a per-step `fixed_s` of up to 0.2 s, since an eager CPU engine pays Python and scheduling per
 step where graph replays pay nothing). `sms` is the core count the engine was bound to
 (attention's "waves" run on it). Each row's time is its fastest repetition (`ms_min`) by
-default: the machine is shared, and the slowest repetitions measure the neighbours.
+default: the machine is shared, and the slowest repetitions measure the neighbours; for the
+same reason the fit's loss is robust (`soft_l1`: a row off by far more than ~10% counts
+about linearly, not squared), and every row records the load average it ran under.
 
 `engine(model)` is the simulator's engine for that model on the fitted core: `ClusterCost.dense`
-with vLLM's CPU settings (4,096 tokens a step, no chunking; 1 GiB of KV cache).
+with vLLM's CPU settings (4,096 tokens a step, no chunking; 1 GiB of KV cache; prefix-cache
+hits in whole 128-token blocks).
 
 Non-goals: measuring (`measure_cpu.py`), contention between processes on the cores (the
 preset is one engine alone on its core; `benchmarks/sim_fidelity.py` measures the difference).
@@ -36,6 +39,7 @@ from benchmarks.sim.shape import CPU_MODELS
 DATA = Path(__file__).parent / "data" / "cpu"
 KV_CACHE_BYTES = 1 << 30  # VLLM_CPU_KVCACHE_SPACE=1 (vllm_local.serve_command)
 STEP_TOKENS = 4096  # --max-num-batched-tokens, chunked prefill off (vllm_local.serve_command)
+BLOCK_TOKENS = 128  # vLLM's CPU KV block: prefix-cache hits in whole blocks (docs/vllm_notes.md)
 
 # field, unit, lower, upper (in that unit): calibrate.FIT's layout, scaled for one CPU core
 CPU_FIT = (
@@ -68,7 +72,7 @@ def rows(models=tuple(CPU_MODELS), stat: str = "ms_min", data: Path = DATA) -> l
 
 
 def fit_cpu(rs: list[Row], cores: int = 1) -> GPU:
-    return fit(rs, START.with_params(sms=cores), tiles=(128,), rects=(True, False), bounds=CPU_FIT)
+    return fit(rs, START.with_params(sms=cores), tiles=(128,), rects=(True, False), bounds=CPU_FIT, loss="soft_l1")
 
 
 def to_json(g: GPU) -> dict:
@@ -87,7 +91,7 @@ def engine(model: str = "smollm2", gpu: GPU | None = None, **kw) -> ClusterCost:
     shape = CPU_MODELS[model]
     kv = KV_CACHE_BYTES // shape.kv_bytes_per_token()
     return ClusterCost.dense(shape, 1, gpu=gpu or preset(), prefill_chunk_tokens=STEP_TOKENS,
-                             kv_capacity_tokens=kv, **kw)
+                             kv_capacity_tokens=kv, prefix_block_tokens=BLOCK_TOKENS, **kw)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -161,7 +161,9 @@ class Line:
 
     @property
     def error_pct(self) -> float:
-        return 100 * (self.sim / self.real - 1) if self.real else float("inf")
+        if not self.real:
+            return 0.0 if not self.sim else float("inf")
+        return 100 * (self.sim / self.real - 1)
 
     def text(self, label: str = "") -> str:
         return f"fidelity {label}{self.name} real={self.real:.4g} sim={self.sim:.4g} error={self.error_pct:+.1f}%"

@@ -32,6 +32,7 @@ import json
 import os
 import platform
 import random
+import signal
 import statistics
 import sys
 from pathlib import Path
@@ -43,9 +44,9 @@ from rollout_service.local import vllm_local
 
 PREFILL_K = (16, 64, 256, 512, 1024, 2048)
 PREFIX = ((512, 64), (512, 256), (1024, 128), (2048, 256))  # (P cached, k new)
-DECODE_B = (1, 4, 16, 32, 64)
+DECODE_B = (1, 2, 4, 8, 16, 32)
 DECODE_C = (64, 512, 1536)
-MIXED = ((4, 512, 64), (4, 512, 1024), (16, 512, 256), (16, 512, 1024), (32, 64, 256))  # (B, c, k)
+MIXED = ((2, 512, 64), (4, 512, 256), (8, 512, 64), (8, 512, 1024), (16, 64, 256))  # (B, c, k)
 DECODE_N = 32
 MIXED_N = 256  # long enough to outlast the 0.3 s wait and the prefill
 BLOCK = 128  # vLLM's CPU KV block: prefix-cache hits count whole blocks only
@@ -140,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, default=18900 + os.getpid() % 90)
     a = ap.parse_args(argv)
 
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that `finally` stops the server
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     path = vllm_local.prepare_model(a.model)
