@@ -13,9 +13,10 @@ CPU preset `benchmarks/sim/data/cpu/preset.json`). Prints
     fidelity CONFIG/SIM NAME real=X sim=Y error=Z%
 
 for makespan, p50/p90 trajectory latency, mean per-turn prefill and decode time and engine
-busy fraction, the median of `--runs` runs, for two simulations: `engine` (the engine-only
-simulation) and `service` (plus the two per-turn overhead terms of `fidelity.Overhead`, read off
-the same recording). Every run notes the load average before and after (the machine is
+busy fraction, the median of `--runs` runs, for three simulations: `engine` (the engine-only
+simulation), `service` (plus the two per-turn overhead terms of `fidelity.Overhead`, read off
+the same recording) and `loaded` (plus the engine slowed by the contention measured in the run:
+`fidelity.contention`; its decode figure is fitted, the others are not). Every run notes the load average before and after (the machine is
 shared); the JSON (`--out`) has every run's figures, recording paths and loads.
 
 Non-goals: GPUs, prefill/decode disaggregation (every engine is mixed), failures.
@@ -36,7 +37,8 @@ from pathlib import Path
 import httpx
 
 from benchmarks.sim import cpu_preset
-from benchmarks.sim.fidelity import Figures, Line, Overhead, Runs, real_figures, recorded_workload, simulate
+from benchmarks.sim.fidelity import (Figures, Line, Overhead, Runs, contention, real_figures, recorded_workload,
+                                     simulate)
 from rollout_service.local import vllm_local
 from rollout_service.recording import read, write
 from trainer_client import RolloutClient
@@ -48,9 +50,10 @@ _GAUGE = re.compile(r"^vllm:num_requests_(running|waiting)\{[^}]*\}\s+([0-9.eE+-
 
 
 class BusyProbe:
-    """Samples each engine's /metrics every `period_s`: busy when a request runs or waits."""
+    """Samples each engine's /metrics every `period_s`: busy when a request runs or waits. Not
+    faster: rendering /metrics costs the engine's API server CPU time on the shared cores."""
 
-    def __init__(self, urls: list[str], period_s: float = 0.1):
+    def __init__(self, urls: list[str], period_s: float = 0.5):
         self.urls, self.period_s = urls, period_s
         self.samples = {u: [] for u in urls}
         self._stop = threading.Event()
@@ -118,14 +121,26 @@ def start_service(redis_url: str, engines: list[str], model: str, tokenizer: str
     return up, gw
 
 
-def simulate_run(recording: Path, model: str, engines: int, concurrency: int) -> dict:
-    """The engine-only and the service simulation of one recorded run, and the overhead used."""
+SIMS = ("engine", "service", "loaded")
+CONTENTION_ROUNDS = 3  # fixed-point rounds matching the loaded simulation's decode time to the run's
+
+
+def simulate_run(recording: Path, model: str, engines: int, concurrency: int, real: Figures) -> dict:
+    """Three simulations of one recorded run: `engine` (the preset, engines only), `service`
+    (plus the per-turn overhead terms read off the recording), `loaded` (plus the preset slowed
+    by the run's measured contention); with the overhead and the contention factor used."""
     _, records = read(recording)
     over = Overhead.from_recording([r.trajectory for r in records], f"medians of {recording.name}")
     cost = cpu_preset.engine(model)
-    return {"engine": simulate(recorded_workload(recording, concurrency, engines), engines, cost),
-            "service": simulate(recorded_workload(recording, concurrency, engines, over), engines, cost, over),
-            "overhead": over}
+    engine_only = simulate(recorded_workload(recording, concurrency, engines), engines, cost)
+    wl = recorded_workload(recording, concurrency, engines, over)
+    x, loaded = contention(real, engine_only), None
+    for _ in range(CONTENTION_ROUNDS):  # slower steps change the batches, and the batch the step time
+        loaded = simulate(wl, engines, cpu_preset.engine(model, gpu=cpu_preset.slowed(cost.gpu, x)), over)
+        x = max(x * real.decode_mean_s / loaded.decode_mean_s, 1.0)
+    loaded = simulate(wl, engines, cpu_preset.engine(model, gpu=cpu_preset.slowed(cost.gpu, x)), over)
+    return {"engine": engine_only, "service": simulate(wl, engines, cost, over), "loaded": loaded,
+            "overhead": over, "contention": x}
 
 
 def fidelity_run(gateway: str, engine_urls: list[str], model: str, concurrency: int, trajectories: int,
@@ -134,7 +149,8 @@ def fidelity_run(gateway: str, engine_urls: list[str], model: str, concurrency: 
     before = load()
     trajs, makespan, busy = run_batch(gateway, engine_urls, trajectories, turns, max_tokens, recording, seed)
     after = load()
-    return {"real": real_figures(trajs, makespan, busy), **simulate_run(recording, model, len(engine_urls), concurrency),
+    real = real_figures(trajs, makespan, busy)
+    return {"real": real, **simulate_run(recording, model, len(engine_urls), concurrency, real),
             "load_before": before, "load_after": after, "recording": str(recording)}
 
 
@@ -143,21 +159,26 @@ def report(results: dict) -> None:
     median lines of each configuration, and fill `results` in."""
     results["preset"] = cpu_preset.preset().source
     for name, cfg in results["configs"].items():
-        by = {"engine": Runs(), "service": Runs()}
+        if not cfg["runs"]:
+            continue
+        by = {label: Runs() for label in SIMS}
         for run in cfg["runs"]:
-            sims = simulate_run(Path(run["recording"]), results["model"], cfg["engines"], cfg["concurrency"])
             real = Figures(**run["real"])
+            sims = simulate_run(Path(run["recording"]), results["model"], cfg["engines"], cfg["concurrency"], real)
             for label, rs in by.items():
                 rs.real.append(real)
                 rs.sim.append(sims[label])
                 run[label] = sims[label].row()
             run["overhead"] = dataclasses.asdict(sims["overhead"])
+            run["contention"] = round(sims["contention"], 3)
         loads = [x for run in cfg["runs"] for x in (run["load_before"], run["load_after"])]
         cfg["load_range"] = [min(loads), max(loads)]
         cfg["median"] = {label: [_line(ln) for ln in rs.lines()] for label, rs in by.items()}
         for label, rs in by.items():
             for ln in rs.lines():
                 print(f"{ln.text(f'{name}/{label} ')} (median of {len(rs.real)}; load {min(loads):.1f}-{max(loads):.1f})")
+        xs = sorted(run["contention"] for run in cfg["runs"])
+        print(f"fidelity {name} contention x{xs[len(xs) // 2]:.2f} (runs: {', '.join(f'{x:.2f}' for x in xs)})")
 
 
 def real_runs(a, results: dict, out: Path) -> None:

@@ -79,18 +79,30 @@ def to_json(g: GPU) -> dict:
     return {f.name: getattr(g, f.name) for f in dataclasses.fields(g)}
 
 
-@lru_cache(maxsize=4)
-def preset(path: Path = DATA / "preset.json") -> GPU:
-    """The fitted CPU core, as `cpu_preset` last wrote it."""
+@lru_cache(maxsize=8)
+def preset(model: str | None = None, path: Path = DATA / "preset.json") -> GPU:
+    """The fitted CPU core, as `cpu_preset` last wrote it: fitted to `model`'s rows alone when
+    given (the eager engine's per-step costs do not carry across models well: see the README),
+    else to every model's."""
     d = json.loads(path.read_text())
-    return GPU(**{f.name: d["gpu"][f.name] for f in dataclasses.fields(GPU)})
+    g = d.get("per_model", {}).get(model) or d["gpu"]
+    return GPU(**{f.name: g[f.name] for f in dataclasses.fields(GPU)})
+
+
+def slowed(g: GPU, x: float) -> GPU:
+    """The same core `x` times slower at everything (every time term ×x, every rate ÷x: the
+    roofline is homogeneous, so each step takes exactly x times as long): an engine sharing its
+    core with busy neighbours."""
+    return g.with_params(matmul_flops=g.matmul_flops / x, weight_bw=g.weight_bw / x, kv_bw=g.kv_bw / x,
+                         gemm_s=g.gemm_s * x, attn_call_s=g.attn_call_s * x, fixed_s=g.fixed_s * x,
+                         name=f"{g.name}-x{x:.3g}")
 
 
 def engine(model: str = "smollm2", gpu: GPU | None = None, **kw) -> ClusterCost:
     """One vLLM CPU engine serving `model`, as the simulator costs it."""
     shape = CPU_MODELS[model]
     kv = KV_CACHE_BYTES // shape.kv_bytes_per_token()
-    return ClusterCost.dense(shape, 1, gpu=gpu or preset(), prefill_chunk_tokens=STEP_TOKENS,
+    return ClusterCost.dense(shape, 1, gpu=gpu or preset(model), prefill_chunk_tokens=STEP_TOKENS,
                              kv_capacity_tokens=kv, prefix_block_tokens=BLOCK_TOKENS, **kw)
 
 
@@ -121,10 +133,20 @@ def main(argv: list[str] | None = None) -> int:
         e = errors([r for r in rs if r.model == m], g)
         print(line(f"all rows, in-sample: {m}", e))
         report[f"in_sample_{m}"] = {k: {"median": v[0], "worst": v[1], "n": v[2]} for k, v in e.items()}
+    per_model = {}
+    for m in models:
+        pm = fit_cpu([r for r in rs if r.model == m], cores)
+        per_model[m] = pm.with_params(name=f"cpu-{m}", source=g.source.replace(f"({', '.join(models)};", f"({m};"))
+        e = errors([r for r in rs if r.model == m], pm)
+        print(line(f"{m} rows alone, in-sample", e))
+        report[f"alone_{m}"] = {k: {"median": v[0], "worst": v[1], "n": v[2]} for k, v in e.items()}
+    print(f"  {'':18s} {'all':>10s} " + " ".join(f"{m:>10s}" for m in models))
     for f, unit, _, _ in CPU_FIT:
-        print(f"  {f:18s} {getattr(g, f) / unit:10.4g}  (x {unit:g})")
+        print(f"  {f:18s} {getattr(g, f) / unit:10.4g} " + " ".join(f"{getattr(per_model[m], f) / unit:10.4g}" for m in models)
+              + f"  (x {unit:g})")
     if not a.check:
-        out = {"gpu": to_json(g), "stat": a.stat, "kinds": list(KINDS), "errors": report, "devices": infos}
+        out = {"gpu": to_json(g), "per_model": {m: to_json(pm) for m, pm in per_model.items()}, "stat": a.stat,
+               "kinds": list(KINDS), "errors": report, "devices": infos}
         (data / "preset.json").write_text(json.dumps(out, indent=1) + "\n")
         print(f"wrote {data / 'preset.json'}")
     return 0

@@ -22,6 +22,13 @@ the same recording; zero gives the engine-only simulation:
   turn accounts for (`active_s` − Σ queue + prefill + decode + tool), per turn: the worker's
   chat template, the turn's Redis write, env open and close spread over the turns.
 
+The engine's own speed is the preset's, one engine alone on an idle core. On a shared machine
+the real engine runs slower by a factor that depends on the neighbours, not on the workload;
+`contention(real, engine_only)` reads it off the run (real mean decode time per turn over the
+engine-only simulation's), and `cpu_preset.slowed(preset, x)` applies it. A simulation with it
+is fitted to that one figure of the run: its decode time is no test of the simulator, but the
+makespan, latencies, prefill time and busy fraction still are.
+
 Figures: makespan (submission to the last result; the simulation from its start), p50/p90
 trajectory latency (the worker's `active_s`: claim to end; the simulation from a slot opening
 to the end), mean per-turn prefill time (vLLM: scheduled to first token; the simulation:
@@ -144,6 +151,11 @@ class TimedCluster(Cluster):
     def _finish(self, tid: str) -> None:
         self.latency.append(self.loop.now - self.started.pop(tid))
         super()._finish(tid)
+
+
+def contention(real: Figures, engine_only: Figures) -> float:
+    """How many times slower the real engine decoded than the preset, in this run (≥ 1)."""
+    return max(real.decode_mean_s / engine_only.decode_mean_s, 1.0) if engine_only.decode_mean_s else 1.0
 
 
 def simulate(wl: TraceWorkload, engines: int, cost: ClusterCost, overhead: Overhead = Overhead()) -> Figures:
