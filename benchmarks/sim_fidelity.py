@@ -16,7 +16,8 @@ for makespan, p50/p90 trajectory latency, mean per-turn prefill and decode time 
 busy fraction, the median of `--runs` runs, for three simulations: `engine` (the engine-only
 simulation), `service` (plus the two per-turn overhead terms of `fidelity.Overhead`, read off
 the same recording) and `loaded` (plus the engine slowed by the contention measured in the run:
-`fidelity.contention`; its decode figure is fitted, the others are not). Every run notes the load average before and after (the machine is
+`fidelity.contention`; its decode figure is fitted, the others are not), and `per-turn` (the
+same, with each turn's own recorded overheads instead of their means). Every run notes the load average before and after (the machine is
 shared); the JSON (`--out`) has every run's figures, recording paths and loads.
 
 Non-goals: GPUs, prefill/decode disaggregation (every engine is mixed), failures.
@@ -38,7 +39,7 @@ import httpx
 
 from benchmarks.sim import cpu_preset
 from benchmarks.sim.fidelity import (Figures, Line, Overhead, Runs, contention, real_figures, recorded_workload,
-                                     simulate)
+                                     request_delays, simulate)
 from rollout_service.local import vllm_local
 from rollout_service.recording import read, write
 from trainer_client import RolloutClient
@@ -121,16 +122,17 @@ def start_service(redis_url: str, engines: list[str], model: str, tokenizer: str
     return up, gw
 
 
-SIMS = ("engine", "service", "loaded")
+SIMS = ("engine", "service", "loaded", "per-turn")
 CONTENTION_ROUNDS = 3  # fixed-point rounds matching the loaded simulation's decode time to the run's
 
 
 def simulate_run(recording: Path, model: str, engines: int, concurrency: int, real: Figures) -> dict:
-    """Three simulations of one recorded run: `engine` (the preset, engines only), `service`
-    (plus the per-turn overhead terms read off the recording), `loaded` (plus the preset slowed
-    by the run's measured contention); with the overhead and the contention factor used."""
+    """Four simulations of one recorded run: `engine` (the preset, engines only), `service`
+    (plus the mean per-turn overhead terms read off the recording), `loaded` (plus the preset
+    slowed by the run's measured contention), `per-turn` (`loaded` with each turn's own recorded
+    overheads); with the overhead and the contention factor used."""
     _, records = read(recording)
-    over = Overhead.from_recording([r.trajectory for r in records], f"medians of {recording.name}")
+    over = Overhead.from_recording([r.trajectory for r in records], f"means of {recording.name}")
     cost = cpu_preset.engine(model)
     engine_only = simulate(recorded_workload(recording, concurrency, engines), engines, cost)
     wl = recorded_workload(recording, concurrency, engines, over)
@@ -138,8 +140,10 @@ def simulate_run(recording: Path, model: str, engines: int, concurrency: int, re
     for _ in range(CONTENTION_ROUNDS):  # slower steps change the batches, and the batch the step time
         loaded = simulate(wl, engines, cpu_preset.engine(model, gpu=cpu_preset.slowed(cost.gpu, x)), over)
         x = max(x * real.decode_mean_s / loaded.decode_mean_s, 1.0)
-    loaded = simulate(wl, engines, cpu_preset.engine(model, gpu=cpu_preset.slowed(cost.gpu, x)), over)
-    return {"engine": engine_only, "service": simulate(wl, engines, cost, over), "loaded": loaded,
+    slow = cpu_preset.engine(model, gpu=cpu_preset.slowed(cost.gpu, x))
+    per_turn = recorded_workload(recording, concurrency, engines, per_turn=True)
+    return {"engine": engine_only, "service": simulate(wl, engines, cost, over), "loaded": simulate(wl, engines, slow, over),
+            "per-turn": simulate(per_turn, engines, slow, delays=request_delays(recording)),
             "overhead": over, "contention": x}
 
 

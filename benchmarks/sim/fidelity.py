@@ -15,10 +15,10 @@ preset), in asynchronous mode with as many trajectories in flight as the service
 What the simulator leaves out of a turn, as two named cost terms (`Overhead`), each read off
 the same recording; zero gives the engine-only simulation:
 
-- `request_s`: before each engine call, the median over turns of the worker's elapsed time less
+- `request_s`: before each engine call, the mean over turns of the worker's elapsed time less
   vLLM's own time to first token and generation time (`Turn.timings.queue_s`): the HTTP round
   trip, vLLM's API server (tokenizing, detokenizing the response) and vLLM's queue wait.
-- `turn_s`: after each turn's tool time, the median over trajectories of the active time that no
+- `turn_s`: after each turn's tool time, the mean over trajectories of the active time that no
   turn accounts for (`active_s` − Σ queue + prefill + decode + tool), per turn: the worker's
   chat template, the turn's Redis write, env open and close spread over the turns.
 
@@ -66,8 +66,10 @@ class Overhead:
         turns = [t for tr in trajs for t in tr.turns]
         gaps = [(tr.active_s - sum(t.timings.queue_s + t.timings.prefill_s + t.timings.decode_s + t.timings.tool_s
                                    for t in tr.turns)) / len(tr.turns) for tr in trajs if tr.turns]
-        return Overhead(median(t.timings.queue_s for t in turns) if turns else 0.0,
-                        max(median(gaps), 0.0) if gaps else 0.0, source or "medians of the recording")
+        # means, not medians: the terms add up turn after turn, and a mean keeps their total
+        # (under load queue_s has a long tail: mean 0.72 s against a median of 0.41 s)
+        return Overhead(mean(t.timings.queue_s for t in turns) if turns else 0.0,
+                        max(mean(gaps), 0.0) if gaps else 0.0, source or "means of the recording")
 
 
 @dataclass(slots=True)
@@ -98,27 +100,48 @@ def real_figures(trajs: list[Trajectory], makespan_s: float, busy: float) -> Fig
                    mean(u.timings.decode_s for u in turns), busy, len(trajs), len(turns))
 
 
-def recorded_workload(path: Path, concurrency: int, engines: int, overhead: Overhead = Overhead()) -> TraceWorkload:
-    """The recording as a workload: every episode once, in queue order, `concurrency` in flight."""
+def _ran(path: Path) -> list[Trajectory]:
+    """The recording's trajectories that ran a turn, in the workload's (queue) order."""
     _, records = read(path)
-    ran = sum(1 for r in records if r.trajectory.turns)
-    if ran % concurrency or concurrency % engines:
-        raise ValueError(f"{ran} episodes do not split into rounds of {concurrency} over {engines} engines")
-    wl = trace_workload(path, per_gpu=concurrency // engines, rounds=ran // concurrency, name=path.stem)
+    trajs = sorted((r.trajectory for r in records), key=lambda t: (t.group_index, t.sample_index))
+    return [t for t in trajs if t.turns]
+
+
+def _gap(t: Trajectory) -> float:
+    """Active time of `t` that no turn accounts for, per turn."""
+    u = t.turns
+    return max(t.active_s - sum(x.timings.queue_s + x.timings.prefill_s + x.timings.decode_s + x.timings.tool_s
+                                for x in u), 0.0) / len(u)
+
+
+def recorded_workload(path: Path, concurrency: int, engines: int, overhead: Overhead = Overhead(),
+                      per_turn: bool = False) -> TraceWorkload:
+    """The recording as a workload: every episode once, in queue order, `concurrency` in flight.
+    `overhead.turn_s` is added to every tool time; `per_turn`: each trajectory's own gap instead."""
+    ran = _ran(path)
+    if len(ran) % concurrency or concurrency % engines:
+        raise ValueError(f"{len(ran)} episodes do not split into rounds of {concurrency} over {engines} engines")
+    wl = trace_workload(path, per_gpu=concurrency // engines, rounds=len(ran) // concurrency, name=path.stem)
     wl.offset = 0  # the service claims in queue order (group, sample): so does the simulation
-    for ep in wl.recorded:
-        for t in ep.turns:
-            t.latency_s += overhead.turn_s
+    for ep, t in zip(wl.recorded, ran, strict=True):
+        for spec in ep.turns:
+            spec.latency_s += _gap(t) if per_turn else overhead.turn_s
     return wl
+
+
+def request_delays(path: Path) -> list[list[float]]:
+    """Each recorded turn's own request overhead (`queue_s`), in the workload's order."""
+    return [[u.timings.queue_s for u in t.turns] for t in _ran(path)]
 
 
 class TimedCluster(Cluster):
     """`Cluster` that also times each turn's prefill and decode and each trajectory, and waits
     `Overhead.request_s` before each engine call. Scheduler calls are unchanged."""
 
-    def __init__(self, *a, overhead: Overhead = Overhead(), **kw):
+    def __init__(self, *a, overhead: Overhead = Overhead(), delays: list[list[float]] | None = None, **kw):
         super().__init__(*a, **kw)
         self.overhead = overhead
+        self.delays = delays  # per episode and turn, instead of overhead.request_s (`request_delays`)
         self.started: dict[str, float] = {}
         self.latency: list[float] = []
         self.prefill: list[float] = []
@@ -127,8 +150,11 @@ class TimedCluster(Cluster):
 
     def _start_turn(self, tid: str, delta: int) -> None:
         self.started.setdefault(tid, self.loop.now)
-        if self.overhead.request_s > 0:
-            self.loop.after(self.overhead.request_s, self._send, (tid, delta))
+        wait = self.overhead.request_s
+        if self.delays is not None:  # episode "t<i>" is recorded episode i mod n (offset 0)
+            wait = self.delays[int(tid[1:]) % len(self.delays)][self.trajs[tid].turn]
+        if wait > 0:
+            self.loop.after(wait, self._send, (tid, delta))
         else:
             self._send((tid, delta))
 
@@ -158,8 +184,9 @@ def contention(real: Figures, engine_only: Figures) -> float:
     return max(real.decode_mean_s / engine_only.decode_mean_s, 1.0) if engine_only.decode_mean_s else 1.0
 
 
-def simulate(wl: TraceWorkload, engines: int, cost: ClusterCost, overhead: Overhead = Overhead()) -> Figures:
-    c = TimedCluster(wl, engines, Policy.colocated(), "async", cost=cost, overhead=overhead)
+def simulate(wl: TraceWorkload, engines: int, cost: ClusterCost, overhead: Overhead = Overhead(),
+             delays: list[list[float]] | None = None) -> Figures:
+    c = TimedCluster(wl, engines, Policy.colocated(), "async", cost=cost, overhead=overhead, delays=delays)
     res = c.run()
     return Figures(res.makespan_s, pct(c.latency, 0.5), pct(c.latency, 0.9), mean(c.prefill), mean(c.decode),
                    res.utilization, res.trajectories, res.turns)
