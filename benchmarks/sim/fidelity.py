@@ -1,9 +1,10 @@
 """A recorded batch replayed in the simulator, and the figures that compare it with the real run.
 
-    wl, over = recorded_workload(Path("batch.jsonl"), concurrency=16, engines=2)
-    sim = simulate(wl, engines=2, cost=cpu_preset.engine("smollm2"), overhead=over)
-    real = real_figures(trajectories, makespan_s, busy)
-    for name, r, s, err in compare(real, sim): print(f"fidelity {name} real={r} sim={s} error={err}%")
+    over = Overhead.from_recording(trajectories)
+    wl = recorded_workload(Path("batch.jsonl"), concurrency=16, engines=2, overhead=over)
+    sim = simulate(wl, 2, cpu_preset.engine("tiny"), over)
+    for line in compare(real_figures(trajectories, makespan_s, busy), sim):
+        print(line.text())                     # fidelity makespan_s real=... sim=... error=...%
 
 The workload is the recording's (`trace.trace_workload`, in the order the service queued it):
 each episode's turn count, prompt, response and observation lengths, and tool times. The
@@ -21,6 +22,9 @@ the same recording; zero gives the engine-only simulation:
 - `turn_s`: after each turn's tool time, the mean over trajectories of the active time that no
   turn accounts for (`active_s` − Σ queue + prefill + decode + tool), per turn: the worker's
   chat template, the turn's Redis write, env open and close spread over the turns.
+
+Or each turn's own (`recorded_workload(per_turn=True)` and `simulate(delays=request_delays(..))`):
+the recorded overheads replayed, spread and all.
 
 The engine's own speed is the preset's, one engine alone on an idle core. On a shared machine
 the real engine runs slower by a factor that depends on the neighbours, not on the workload;
@@ -64,12 +68,11 @@ class Overhead:
     @staticmethod
     def from_recording(trajs: list[Trajectory], source: str = "") -> Overhead:
         turns = [t for tr in trajs for t in tr.turns]
-        gaps = [(tr.active_s - sum(t.timings.queue_s + t.timings.prefill_s + t.timings.decode_s + t.timings.tool_s
-                                   for t in tr.turns)) / len(tr.turns) for tr in trajs if tr.turns]
+        gaps = [_gap(tr) for tr in trajs if tr.turns]
         # means, not medians: the terms add up turn after turn, and a mean keeps their total
         # (under load queue_s has a long tail: mean 0.72 s against a median of 0.41 s)
         return Overhead(mean(t.timings.queue_s for t in turns) if turns else 0.0,
-                        max(mean(gaps), 0.0) if gaps else 0.0, source or "means of the recording")
+                        mean(gaps) if gaps else 0.0, source or "means of the recording")
 
 
 @dataclass(slots=True)
