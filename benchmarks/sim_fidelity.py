@@ -1,9 +1,10 @@
 """Does the simulator reproduce a real rollout run? A real batch on vLLM CPU engines, the same
 workload simulated with the CPU preset, one line per figure.
 
-    python benchmarks/sim_fidelity.py --model smollm2 --trajectories 64 --runs 3
+    python benchmarks/sim_fidelity.py                      # tiny model, 64 episodes, 3 runs (~20 min loaded)
+    python benchmarks/sim_fidelity.py --resimulate         # the simulations again, from the recordings
 
-For each configuration (`--configs ENGINESxCONCURRENCY,...`, default 2 engines and 1, 8
+For each configuration (`--configs ENGINESxCONCURRENCY,...`, default 2 engines and 1, 16
 trajectories in flight): `rollout up` (gateway, Redis queue, worker, env worker) in front of
 the first ENGINES of the vLLM CPU servers this script starts (one core each: `--cpus`), a batch
 of `calc` episodes, its recording (`rollout export`'s format), and the simulation of that
@@ -13,12 +14,13 @@ CPU preset `benchmarks/sim/data/cpu/preset.json`). Prints
     fidelity CONFIG/SIM NAME real=X sim=Y error=Z%
 
 for makespan, p50/p90 trajectory latency, mean per-turn prefill and decode time and engine
-busy fraction, the median of `--runs` runs, for three simulations: `engine` (the engine-only
+busy fraction, the median of `--runs` runs, for four simulations: `engine` (the engine-only
 simulation), `service` (plus the two per-turn overhead terms of `fidelity.Overhead`, read off
-the same recording) and `loaded` (plus the engine slowed by the contention measured in the run:
-`fidelity.contention`; its decode figure is fitted, the others are not), and `per-turn` (the
-same, with each turn's own recorded overheads instead of their means). Every run notes the load average before and after (the machine is
-shared); the JSON (`--out`) has every run's figures, recording paths and loads.
+the same recording), `loaded` (plus the engine slowed by the contention measured in the run:
+`fidelity.contention`; its decode figure is fitted, the others are not) and `per-turn` (the
+same, with each turn's own recorded overheads instead of their means). Every run notes the load
+average before and after (the machine is shared); the JSON (`--out`) has every run's figures,
+recording paths and loads. Results and their reading: `benchmarks/sim/README.md`.
 
 Non-goals: GPUs, prefill/decode disaggregation (every engine is mixed), failures.
 """
@@ -227,15 +229,15 @@ def real_runs(a, results: dict, out: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2", choices=["smollm2", "tiny"])
-    ap.add_argument("--configs", default="2x8,1x8", help="ENGINESxCONCURRENCY, comma separated")
+    ap.add_argument("--model", default="tiny", choices=["smollm2", "tiny"])
+    ap.add_argument("--configs", default="2x16,1x16", help="ENGINESxCONCURRENCY, comma separated")
     ap.add_argument("--trajectories", type=int, default=64)
-    ap.add_argument("--turns", type=int, default=4, help="max_turns of each calc episode")
-    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--turns", type=int, default=3, help="max_turns of each calc episode")
+    ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--cpus", default="0,1", help="one core per engine, in order")
     ap.add_argument("--redis-url", default=os.environ.get("ROLLOUT_REDIS_URL", "redis://127.0.0.1:6379/0"))
-    ap.add_argument("--out", default="benchmarks/results/sim_fidelity.json")
+    ap.add_argument("--out", default="benchmarks/results/sim_fidelity_tiny.json")
     ap.add_argument("--resimulate", action="store_true",
                     help="no real runs: simulate the recordings of --out again (e.g. after refitting the preset)")
     a = ap.parse_args()
