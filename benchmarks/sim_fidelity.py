@@ -18,7 +18,9 @@ busy fraction, the median of `--runs` runs, for four simulations: `engine` (the 
 simulation), `service` (plus the two per-turn overhead terms of `fidelity.Overhead`, read off
 the same recording), `loaded` (plus the engine slowed by the contention measured in the run:
 `fidelity.contention`; its decode figure is fitted, the others are not) and `per-turn` (the
-same, with each turn's own recorded overheads instead of their means). Every run notes the load
+same, with each turn's own recorded overheads instead of their means); from the second run on,
+`carried` predicts a run from the one before it (its contention and overhead means, this run's
+workload): nothing in it is read off the run it is compared with. Every run notes the load
 average before and after (the machine is shared); the JSON (`--out`) has every run's figures,
 recording paths and loads. Results and their reading: `benchmarks/sim/README.md`.
 
@@ -168,15 +170,27 @@ def report(results: dict) -> None:
         if not cfg["runs"]:
             continue
         by = {label: Runs() for label in SIMS}
+        carried, prev = Runs(), None
         for run in cfg["runs"]:
             real = Figures(**run["real"])
-            sims = simulate_run(Path(run["recording"]), results["model"], cfg["engines"], cfg["concurrency"], real)
+            rec, model, n = Path(run["recording"]), results["model"], cfg["engines"]
+            sims = simulate_run(rec, model, n, cfg["concurrency"], real)
             for label, rs in by.items():
                 rs.real.append(real)
                 rs.sim.append(sims[label])
                 run[label] = sims[label].row()
             run["overhead"] = dataclasses.asdict(sims["overhead"])
             run["contention"] = round(sims["contention"], 3)
+            if prev is not None:  # a prediction: the previous run's contention and overheads, this run's workload
+                x, over = prev
+                slow = cpu_preset.engine(model, gpu=cpu_preset.slowed(cpu_preset.preset(model), x))
+                sim = simulate(recorded_workload(rec, cfg["concurrency"], n, over), n, slow, over)
+                carried.real.append(real)
+                carried.sim.append(sim)
+                run["carried"] = sim.row()
+            prev = (sims["contention"], sims["overhead"])
+        if carried.real:
+            by["carried"] = carried
         loads = [x for run in cfg["runs"] for x in (run["load_before"], run["load_after"])]
         cfg["load_range"] = [min(loads), max(loads)]
         cfg["median"] = {label: [_line(ln) for ln in rs.lines()] for label, rs in by.items()}
