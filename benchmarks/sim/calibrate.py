@@ -97,8 +97,11 @@ def device_info(path: Path) -> dict:
     return {}
 
 
-def fit(rows: list[Row], base: GPU, tiles=TILES, rects=(True, False)) -> GPU:
-    """The GPU that best explains `rows` (all with `ms`), starting from `base`."""
+def fit(rows: list[Row], base: GPU, tiles=TILES, rects=(True, False), bounds=FIT, loss: str = "linear") -> GPU:
+    """The GPU that best explains `rows` (all with `ms`), starting from `base`; `bounds` has
+    FIT's layout (a CPU's figures lie far below a GPU's: `cpu_preset.CPU_FIT`). `loss`:
+    scipy's; "soft_l1" (scale 0.1 in log units, ~10%) lets a row a busy neighbour slowed
+    weigh less (`cpu_preset`)."""
     y = np.log([r.ms for r in rows])
     best, best_cost = base, float("inf")
     for tile in tiles:
@@ -106,14 +109,15 @@ def fit(rows: list[Row], base: GPU, tiles=TILES, rects=(True, False)) -> GPU:
             start = base.with_params(attn_tile=tile, prefix_rect=rect)
 
             def gpu_at(x: np.ndarray, start=start) -> GPU:
-                return start.with_params(**{f: v * unit for (f, unit, _, _), v in zip(FIT, x)})
+                return start.with_params(**{f: v * unit for (f, unit, _, _), v in zip(bounds, x)})
 
             def residuals(x: np.ndarray) -> np.ndarray:
                 g = gpu_at(x)
                 return np.log([r.predict_ms(g) for r in rows]) - y
 
-            x0 = [min(max(getattr(start, f) / unit, lo), hi) for f, unit, lo, hi in FIT]
-            sol = least_squares(residuals, x0, bounds=([lo for *_, lo, _ in FIT], [hi for *_, hi in FIT]))
+            x0 = [min(max(getattr(start, f) / unit, lo), hi) for f, unit, lo, hi in bounds]
+            sol = least_squares(residuals, x0, bounds=([lo for *_, lo, _ in bounds], [hi for *_, hi in bounds]),
+                                loss=loss, f_scale=0.1)
             if sol.cost < best_cost:
                 best, best_cost = gpu_at(sol.x), sol.cost
     return best

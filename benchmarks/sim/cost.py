@@ -171,6 +171,10 @@ class ClusterCost:
     allreduce: AllReduce = field(default_factory=AllReduce)
     alltoall: AllToAll = field(default_factory=AllToAll)
     prefill_overhead_s: float = 0.0  # per request; graph-replayed steps have none
+    # Prefix-cache hits count whole KV blocks only (vLLM). 1: token-exact, the GPU presets' figure
+    # so far (vLLM's GPU block is 16 tokens, under 1% of a turn there); the CPU engine's block is
+    # 128 tokens (docs/vllm_notes.md), so a turn recomputes up to 127 cached tokens.
+    prefix_block_tokens: int = 1
     dp_balanced: bool = True  # a balancing dispatcher spreads a DP group's decodes evenly; False: at random
     # Role switch. Default: the service's mechanism today (scheduler/roles.py): every engine runs
     # kv_both, a role is a routing decision, so a switch is instant and keeps the cache; in-flight

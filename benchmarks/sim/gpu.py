@@ -121,11 +121,12 @@ class SimGPU:
 
     # --- the prefix cache -------------------------------------------------------------
     def hit(self, tid: str) -> int:
-        """Tokens of the trajectory's context cached here (0 if evicted or never seen)."""
+        """Tokens of the trajectory's context cached here (0 if evicted or never seen), in whole
+        prefix-cache blocks (`ClusterCost.prefix_block_tokens`)."""
         n = self._cache.get(tid, 0)
         if n:
             self._cache.move_to_end(tid)
-        return n
+        return n - n % self.cost.prefix_block_tokens
 
     def touch(self, tid: str, tokens: int) -> None:
         self._cache_total += tokens - self._cache.pop(tid, 0)

@@ -76,3 +76,8 @@ LLAMA3_8B = Shape(4096, 32, 32, 8, 128, 14336, 128256)  # meta-llama/Meta-Llama-
 QWEN25_32B = Shape(5120, 64, 40, 8, 128, 27648, 152064)  # Qwen/Qwen2.5-32B (vocab padded to 152,064)
 QWEN3_30B_A3B_ATTN = Shape(2048, 48, 32, 4, 128, 0, 151936)  # Qwen/Qwen3-30B-A3B without its experts
 MODELS = {"llama3-8b": LLAMA3_8B, "qwen2.5-32b": QWEN25_32B, "qwen3-30b-a3b-attn": QWEN3_30B_A3B_ATTN}
+
+# The two models of the vLLM CPU engine (rollout_service.local.vllm_local), from their config.json.
+SMOLLM2_135M = Shape(576, 30, 9, 3, 64, 1536, 49152)  # SmolLM2-135M-Instruct (tied embeddings)
+TINY_LLAMA = Shape(256, 6, 4, 2, 64, 704, 2048)  # the tests' random 5M-parameter Llama
+CPU_MODELS = {"smollm2": SMOLLM2_135M, "tiny": TINY_LLAMA}

@@ -13,8 +13,9 @@ turn (rejected, cancelled while queued) are left out.
 `time_scale` multiplies tool times and `length_scale` token counts: a recording made on a CPU
 with a small model is short and fast next to the GPU cluster simulated (see
 `benchmarks/pd_allocation.py --trace`). Episode i of a run is recorded episode (i + offset)
-mod n, in (group, sample) order; the seed picks the offset in whole GRPO groups, so members of
-a recorded group stay together and share their opening prompt, as in the service.
+mod n, in (group, sample) order; the seed picks the offset in whole GRPO groups (unless
+`offset` is set: `benchmarks/sim/fidelity.py` replays in queue order), so members of a recorded
+group stay together and share their opening prompt, as in the service.
 
 Non-goals: rewards, text, re-running environments (that is `rollout replay`).
 """
@@ -33,10 +34,12 @@ from rollout_service.recording import read
 class TraceWorkload(Workload):
     recorded: list[Episode] = field(default_factory=list)  # in (group, sample) order
     group_of: int = 1  # the recording's group size
+    offset: int | None = None  # episode 0 is recorded episode `offset`; None: drawn from the seed
 
     def episode(self, seed: int, index: int, progress: float) -> Episode:
         n_groups = len(self.recorded) // self.group_of
-        offset = random.Random(f"{seed}:{self.name}").randrange(n_groups) * self.group_of
+        offset = self.offset if self.offset is not None else \
+            random.Random(f"{seed}:{self.name}").randrange(n_groups) * self.group_of
         src = self.recorded[(index + offset) % len(self.recorded)]
         group = f"g{index // self.group_of}" if self.group_of > 1 else None
         return Episode(f"t{index}", src.env, src.tool, src.prompt,
