@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 
 from env_workers.envs.swe import SPEC as SANDBOX
+from env_workers.envs.swe import SweEnv, generate
+from env_workers.resources import Pools, PoolSize
 from env_workers.sandbox import backends
 from env_workers.sandbox.bwrap import BwrapSandbox
 from env_workers.sandbox.docker import DockerSandbox
@@ -72,3 +74,26 @@ def test_an_unknown_backend_is_refused_by_the_cli(capsys):
         _env_worker("--sandbox", "nsjail")
     assert e.value.code == 2
     assert "invalid choice: 'nsjail'" in capsys.readouterr().err
+
+
+def test_a_swe_episode_runs_in_a_container_when_the_worker_says_docker(docker_env, docker_url):
+    from tests.env_workers.envs.test_swe import the_fix
+
+    _, image, made = docker_env
+    configure_sandboxes(_env_worker("--sandbox", "docker", "--sandbox-image", image, "--sandbox-docker-url", docker_url))
+    pools = Pools(PoolSize(warm=0, cap=2))
+    try:
+        claims = pools.claims()
+        env, repo = SweEnv(resources=claims), generate(4)
+        env.reset({"seed": 4})
+        r = env.step("```bash\npython3 -m unittest 2>&1 | tail -1\n```")
+        assert "FAILED" in r.observation[0].content
+        (box,) = [h.value for h in claims.held]
+        assert isinstance(box.sandbox, DockerSandbox)
+        made.append(box.sandbox.container.id)
+        path, bad, good = the_fix(repo)
+        env.step(f"```replace {path}\n{bad}\n=======\n{good}\n```")
+        done = env.step("submit")
+        assert done.terminated and done.reward == 1.0
+    finally:
+        pools.close()
