@@ -17,7 +17,15 @@ from rollout_service.engines.base import TokenDelta
 from rollout_service.engines.sim_server import create_app as sim_app
 from tests.conftest import REDIS_URL, LiveServer
 from tests.rollout_service.test_sessions import session
-from tests.rollout_service.test_sessions_openai import ADD, CALL, TOK, Scripted, engine, serve, trajectory  # noqa: F401 (engine: a fixture)
+from tests.rollout_service.test_sessions_openai import (  # noqa: F401 (engine: a fixture)
+    ADD,
+    CALL,
+    TOK,
+    Scripted,
+    engine,
+    serve,
+    trajectory,
+)
 from wire import EngineInfo
 
 MSGS = [{"role": "user", "content": "hi"}]
@@ -100,8 +108,8 @@ def test_stop_string_text_is_never_sent(gateway, keys):
         pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
         assert "".join(pieces) == "Hello" and len(pieces) == 5  # " w", " wo", ... held, then dropped
         plain_sid, plain = session(gateway)
-        assert plain.chat.completions.create(model="sim", messages=MSGS, stop=[" world,"], seed=1).choices[0].message.content \
-            == "Hello"
+        r = plain.chat.completions.create(model="sim", messages=MSGS, stop=[" world,"], seed=1)
+        assert r.choices[0].message.content == "Hello"
         a, b = trajectory(gateway, sid)["turns"][0], trajectory(gateway, plain_sid)["turns"][0]
         assert a["output_ids"] == b["output_ids"] == TOK.encode("Hello world,")
         assert a["output_logprobs"] == b["output_logprobs"]
@@ -142,7 +150,8 @@ def test_n_choices_stream_side_by_side(gateway, engine):
                                                  stream_options={"include_usage": True}))
     assert {c.choices[0].index for c in chunks if c.choices} == {0, 1}
     assert [contents(chunks, k) for k in (0, 1)] == [CALL, CALL]
-    finishes = {c.choices[0].index: c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason}
+    finishes = {c.choices[0].index: c.choices[0].finish_reason
+                for c in chunks if c.choices and c.choices[0].finish_reason}
     assert finishes == {0: "stop", 1: "stop"}  # no tools offered: the call is text
     turns = trajectory(gateway, sid)["turns"]
     assert len(turns) == 2 and chunks[-1].usage.completion_tokens == 2 * (len(TOK.encode(CALL)) + 1)

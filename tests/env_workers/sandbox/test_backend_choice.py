@@ -80,7 +80,8 @@ def test_a_swe_episode_runs_in_a_container_when_the_worker_says_docker(docker_en
     from tests.env_workers.envs.test_swe import the_fix
 
     _, image, made = docker_env
-    configure_sandboxes(_env_worker("--sandbox", "docker", "--sandbox-image", image, "--sandbox-docker-url", docker_url))
+    configure_sandboxes(_env_worker("--sandbox", "docker", "--sandbox-image", image,
+                                    "--sandbox-docker-url", docker_url))
     pools = Pools(PoolSize(warm=0, cap=2))
     try:
         claims = pools.claims()
