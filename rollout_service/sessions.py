@@ -13,9 +13,12 @@ fallback format, `toolcalls`), and the calls are parsed out of the reply's text;
 keeps the sampled ids whatever the parse finds, and a parse failure is the turn's
 `tool_failure`. `n > 1` samples n choices of one prompt, each a turn (see `_record`).
 
+`stream` serves the same call with the engine streaming: the content goes out as the tokens
+are sampled (`streams.ReplyStream` says what may go out when), the turn is recorded as
+`complete` records it, and the tool calls follow once the whole reply is parsed.
+
 Unlike a batch, the agent drives the loop, so these engine calls run in the gateway.
-Non-goals: the HTTP shapes (routes/sessions.py); streaming from the engine token by token
-(the reply is sampled whole, then streamed).
+Non-goals: the HTTP shapes (routes/sessions.py).
 """
 
 from __future__ import annotations
@@ -25,12 +28,15 @@ import hashlib
 import json
 import time
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
-from rollout_service.engines.base import EngineError, GenerateRequest, GenerateResult
+from rollout_service.engines.base import EngineError, GenerateRequest, GenerateResult, TokenDelta
 from rollout_service.engines.fleet import Fleet
+from rollout_service.streams import ReplyStream, merged
 from rollout_service.tokens import TemplateDriftError, Tokenizer, chat_tokens
 from rollout_service.toolcalls import Parsed, ToolParser, as_plain, get_parser, read_calls
 from rollout_service.turns import record_turn
@@ -61,7 +67,15 @@ class Choice:
     finish_reason: str  # OpenAI's: stop | length | tool_calls
     output_ids: list[int]
     logprobs: list[dict] | None  # OpenAI's `logprobs.content`, when asked for
-    pieces: list[str]  # the content split per sampled token (a closing eos left out), for streaming
+
+
+@dataclass(slots=True)
+class Delta:
+    """Part of a streamed choice: its content's next piece, the logprobs of the tokens sampled."""
+
+    index: int
+    content: str
+    logprobs: list[dict] | None
 
 
 @dataclass(slots=True)
@@ -111,47 +125,80 @@ class Sessions:
         """One chat completion, recorded as a turn of the session's trajectory (`n` turns for
         `n` choices: choice 0 continues the session, the others are siblings, see `_record`)."""
         async with self._lock(sid):
-            traj = await self.get(sid, tenant)
-            if traj.state is not TrajectoryState.running:
-                raise SessionClosed(f"session {sid} is {traj.state.value}")
-            spec, tok, parser_name = await self.fleet.chat_for(sid)
-            try:
-                parser = get_parser(parser_name)
-            except ValueError as e:
-                raise EngineError(str(e)) from None
-            messages = [m.to_message() for m in req.messages]
-            tools = req.tool_specs
-            delta, segment, context = self._prompt(traj, _Render(tok, parser, tools), messages)
-            sampling = SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
-                                      max_tokens=req.limit, seed=req.seed, stop=req.stop_list())
-            top = (req.top_logprobs or 0) if req.logprobs else 0
-            rid = f"{sid}-{len(traj.turns)}"
+            call = await self._open(sid, tenant, req)
 
             async def sample(k: int) -> tuple[GenerateResult, float]:
-                # Choice k > 0: its own request (and seed), so that the n samples differ.
-                s = sampling if k == 0 or req.seed is None else sampling.model_copy(
-                    update={"seed": (req.seed + k) % 2**32})
                 t0 = time.monotonic()
-                res = await self.fleet.generate(sid, spec, GenerateRequest(
-                    context + delta, s, rid if k == 0 else f"{rid}-{k}", [tok.eos_id], top))
+                res = await self.fleet.generate(sid, call.spec, call.request(k))
                 return res, time.monotonic() - t0
 
-            results = await asyncio.gather(*(sample(k) for k in range(req.n)))
-            seg_next = max([segment, *(t.segment for t in traj.turns)]) + 1
-            choices: list[Choice] = [None] * req.n  # type: ignore[list-item]
-            for k in [*range(1, req.n), 0]:  # choice 0 last: the turn the session goes on from
-                res, elapsed = results[k]
-                if k == 0:
-                    seg, prompt = segment, delta
-                else:
-                    seg, prompt, seg_next = seg_next, context + delta, seg_next + 1
-                choices[k] = self._record(traj, tok, parser, req, tools, prompt, seg, res, elapsed)
-            c0 = choices[0]
-            traj.messages = [*messages, Message(role="assistant", content=c0.content or "",
-                                                tool_calls=c0.tool_calls or None)]
-            traj.info["tools_sha"] = _tools_sha(tools)
-            await self._save(traj)
-            return Reply(choices, len(context) + len(delta), sum(len(c.output_ids) for c in choices))
+            return await self._close(call, list(await asyncio.gather(*(sample(k) for k in range(req.n)))))
+
+    async def stream(self, sid: str, tenant: str | None, req: ChatCompletionRequest) -> AsyncIterator[Delta | Reply]:
+        """`complete`, handed on while the engine samples: `Delta`s of each choice's content
+        (and logprobs) as its tokens come, then, once the reply is recorded (the same turns as
+        `complete` records), each choice's rest of content, and the `Reply` last. An engine
+        failure raises: before the first token, as from `complete`; later, mid-stream. A stream
+        given up early (the client went away) records nothing: the engine requests are aborted."""
+        async with self._lock(sid):
+            call = await self._open(sid, tenant, req)
+            stops = req.stop_list()
+            texts = [ReplyStream(call.tok, stops, call.parser.start if call.tools else None) for _ in range(req.n)]
+            results: list[tuple[GenerateResult, float]] = [None] * req.n  # type: ignore[list-item]
+            t0 = time.monotonic()
+            streams = [self.fleet.stream(sid, call.spec, call.request(k)) for k in range(req.n)]
+            async with aclosing(merged(streams)) as events:  # given up early: the engine streams end now
+                async for k, ev in events:
+                    if isinstance(ev, GenerateResult):
+                        results[k] = (ev, time.monotonic() - t0)
+                        continue
+                    assert isinstance(ev, TokenDelta)
+                    text = texts[k].push(ev.ids)
+                    lps = _logprobs(call.tok, ev.ids, ev.logprobs, ev.top_logprobs, req.top_logprobs or 0) \
+                        if req.logprobs else None
+                    if text or lps:
+                        yield Delta(k, text, lps)
+            reply = await self._close(call, results)
+            for k, c in enumerate(reply.choices):
+                if rest := texts[k].rest(c.content):
+                    yield Delta(k, rest, None)
+            yield reply
+
+    async def _open(self, sid: str, tenant: str | None, req: ChatCompletionRequest) -> _Call:
+        """What one chat completion samples from: the session's prompt so far (lock held)."""
+        traj = await self.get(sid, tenant)
+        if traj.state is not TrajectoryState.running:
+            raise SessionClosed(f"session {sid} is {traj.state.value}")
+        spec, tok, parser_name = await self.fleet.chat_for(sid)
+        try:
+            parser = get_parser(parser_name)
+        except ValueError as e:
+            raise EngineError(str(e)) from None
+        messages = [m.to_message() for m in req.messages]
+        tools = req.tool_specs
+        delta, segment, context = self._prompt(traj, _Render(tok, parser, tools), messages)
+        sampling = SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
+                                  max_tokens=req.limit, seed=req.seed, stop=req.stop_list())
+        return _Call(req, traj, spec, tok, parser, tools, messages, delta, segment, context, sampling)
+
+    async def _close(self, call: _Call, results: list[tuple[GenerateResult, float]]) -> Reply:
+        """Record the n samples as turns, save the session, answer."""
+        req, traj = call.req, call.traj
+        seg_next = max([call.segment, *(t.segment for t in traj.turns)]) + 1
+        choices: list[Choice] = [None] * req.n  # type: ignore[list-item]
+        for k in [*range(1, req.n), 0]:  # choice 0 last: the turn the session goes on from
+            res, elapsed = results[k]
+            if k == 0:
+                seg, prompt = call.segment, call.delta
+            else:
+                seg, prompt, seg_next = seg_next, call.context + call.delta, seg_next + 1
+            choices[k] = self._record(traj, call.tok, call.parser, req, call.tools, prompt, seg, res, elapsed)
+        c0 = choices[0]
+        traj.messages = [*call.messages, Message(role="assistant", content=c0.content or "",
+                                                 tool_calls=c0.tool_calls or None)]
+        traj.info["tools_sha"] = _tools_sha(call.tools)
+        await self._save(traj)
+        return Reply(choices, len(call.context) + len(call.delta), sum(len(c.output_ids) for c in choices))
 
     @staticmethod
     def _record(traj: Trajectory, tok: Tokenizer, parser: ToolParser, req: ChatCompletionRequest,
@@ -167,8 +214,8 @@ class Sessions:
         finish = "tool_calls" if parsed.calls else ("length" if res.finish_reason == "length" else "stop")
         content = parsed.content if parsed.content or not parsed.calls else None
         return Choice(content, parsed.calls, finish, res.output_ids,
-                      _logprobs(tok, res, req.top_logprobs or 0) if req.logprobs else None,
-                      _pieces(tok, res.output_ids, content or ""))
+                      _logprobs(tok, res.output_ids, res.logprobs, res.top_logprobs, req.top_logprobs or 0)
+                      if req.logprobs else None)
 
     @staticmethod
     def _prompt(traj: Trajectory, render: _Render, messages: list[Message]) -> tuple[list[int], int, list[int]]:
@@ -186,6 +233,32 @@ class Sessions:
             except TemplateDriftError:
                 pass
         return render.prompt(messages), max(t.segment for t in traj.turns) + 1, []
+
+
+@dataclass(slots=True)
+class _Call:
+    """One chat completion being served: the request and the prompt it samples from."""
+
+    req: ChatCompletionRequest
+    traj: Trajectory
+    spec: str
+    tok: Tokenizer
+    parser: ToolParser
+    tools: list[dict] | None
+    messages: list[Message]
+    delta: list[int]  # the prompt ids after `context`
+    segment: int
+    context: list[int]  # the segment's ids so far (choice 0 appends to them)
+    sampling: SamplingParams
+
+    def request(self, k: int) -> GenerateRequest:
+        """The engine request of choice k; k > 0 has its own id (and seed), so that the n differ."""
+        s, seed = self.sampling, self.req.seed
+        if k and seed is not None:
+            s = s.model_copy(update={"seed": (seed + k) % 2**32})
+        rid = f"{self.traj.id}-{len(self.traj.turns)}"
+        top = (self.req.top_logprobs or 0) if self.req.logprobs else 0
+        return GenerateRequest(self.context + self.delta, s, rid if k == 0 else f"{rid}-{k}", [self.tok.eos_id], top)
 
 
 @dataclass(slots=True)
@@ -212,39 +285,19 @@ class _Render:
         return chat_tokens(self.tok).continuation(output_ids, as_plain(new, None, self.parser))
 
 
-def _pieces(tok: Tokenizer, ids: list[int], content: str, most: int = 4096) -> list[str]:
-    """`content` cut where each sampled token ends (a closing eos left out): the deltas of a
-    stream. Tokens past the content (a tool call, a stop string) get ""; a token that ends
-    inside a character gets "" and the next one the whole character. Past `most` tokens
-    (decoding every prefix is quadratic), the content goes in one piece."""
-    n = len(ids) - (1 if ids and ids[-1] == tok.eos_id else 0)
-    if n == 0 or n > most:
-        return [content] if n else []
-    out, sent = [], 0
-    for j in range(n):
-        text = tok.decode(ids[: j + 1])
-        upto = min(len(text.rstrip("\ufffd")), len(content))
-        if content[:upto] != text[:upto]:  # the content is not a prefix of the text (stripped around calls)
-            upto = sent
-        out.append(content[sent:max(upto, sent)])
-        sent = max(upto, sent)
-    out[-1] += content[sent:]
-    return out
-
-
 def _tools_sha(tools: list[dict] | None) -> str:
     return hashlib.sha256(json.dumps(tools, sort_keys=True).encode()).hexdigest()[:16] if tools else ""
 
 
-def _logprobs(tok: Tokenizer, res: GenerateResult, k: int) -> list[dict]:
+def _logprobs(tok: Tokenizer, ids: list[int], lps: list[float], tops: list | None, k: int) -> list[dict]:
     """OpenAI's `logprobs.content` from the engine's values: one entry per sampled token (a
     closing eos left out, as from the text), with its `k` best alternatives."""
-    n = len(res.output_ids) - (1 if res.output_ids and res.output_ids[-1] == tok.eos_id else 0)
+    n = len(ids) - (1 if ids and ids[-1] == tok.eos_id else 0)
 
     def entry(i: int, lp: float) -> dict:
         text = tok.decode([i])
         return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
 
-    tops = res.top_logprobs or [[] for _ in res.output_ids]
+    tops = tops or [[] for _ in ids]
     return [{**entry(i, lp), "top_logprobs": [entry(a, alp) for a, alp in tops[j][:k]] if k else []}
-            for j, (i, lp) in enumerate(zip(res.output_ids[:n], res.logprobs[:n]))]
+            for j, (i, lp) in enumerate(zip(ids[:n], lps[:n]))]

@@ -15,7 +15,8 @@ that opens a call the parser cannot read (bad JSON, no closing tag, an unknown t
 parse failure: the agent gets it as a plain message and the turn records `tool_failure`.
 
 Non-goals: constrained decoding (`tool_choice: "required"` or a named function); parsing
-while streaming (the proxy parses the whole reply, then streams it).
+while streaming (a stream sends the content up to a call's `start` as it comes, and the
+calls once the whole reply is parsed: `streams.py`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class ParseError(ValueError):
 
 class ToolParser(Protocol):
     name: str
+    start: str  # what begins a call in the text: a stream holds the content back from there
 
     def instructions(self, tools: Sequence[dict]) -> str:
         """The fallback format: how to call these tools, for the system message."""
@@ -51,7 +53,9 @@ class ToolParser(Protocol):
 
     def parse(self, text: str) -> tuple[str, list[dict]] | None:
         """(content, [{"name", "arguments"}]) when the text calls tools, None when it does not;
-        raises `ParseError` when it begins a call that cannot be read."""
+        raises `ParseError` when it begins a call that cannot be read. The content is the
+        text before the first call, less the whitespace before that call (only the trailing
+        whitespace: a stream has sent the rest as it came)."""
 
 
 def _arguments(call: ToolCall) -> Any:
@@ -67,6 +71,7 @@ def _signatures(tools: Sequence[dict]) -> str:
 
 class Hermes:
     name = "hermes"
+    start = "<tool_call>"
     _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 
     def instructions(self, tools: Sequence[dict]) -> str:
@@ -88,12 +93,12 @@ class Hermes:
         blocks = self._CALL.findall(rest)
         if self._CALL.sub("", rest).strip():
             raise ParseError("text outside a closed <tool_call></tool_call> block after the first call")
-        return text[:start].strip(), [_call_json(b) for b in blocks]
+        return text[:start].rstrip(), [_call_json(b) for b in blocks]
 
 
 class Mistral:
     name = "mistral"
-    MARK = "[TOOL_CALLS]"
+    MARK = start = "[TOOL_CALLS]"
 
     def instructions(self, tools: Sequence[dict]) -> str:
         return ("# Tools\n\nYou may call these functions (JSON signatures, one per line):\n"
@@ -115,7 +120,7 @@ class Mistral:
             raise ParseError(f"calls are not a JSON list: {e}") from None
         if not isinstance(calls, list) or not calls:
             raise ParseError("calls are not a non-empty JSON list")
-        return text[:start].strip(), [_call_obj(c) for c in calls]
+        return text[:start].rstrip(), [_call_obj(c) for c in calls]
 
 
 def _call_json(block: str) -> dict:

@@ -6,6 +6,7 @@
                                          that registers it, as Gymnasium itself does)
     verifiers:MODULE                     `verifiers.load_environment(MODULE)`
     nemo_gym:URL                         a NeMo Gym resources server (`/seed_session`, `/verify`)
+    openenv:URL                          an OpenEnv server (`openenv-core`), over its WebSocket session
 
 One module per family; each has `spec(name) -> EnvSpec` (raising the registry's `UnknownEnv`
 or `EnvUnadaptable`) and `names() -> list[str] | None` (what it can enumerate, for `rollout
@@ -45,6 +46,8 @@ FAMILIES: dict[str, Family] = {
                         "a Gymnasium env with Text/Discrete spaces, through gymnasium.make"),
     "verifiers": Family("verifiers", "verifiers", "verifiers",
                         "a verifiers SingleTurnEnv/MultiTurnEnv: its env_response and rubric, our sampling"),
+    "openenv": Family("openenv", "openenv", "openenv-core",
+                      "an OpenEnv server's environment, one WebSocket session per episode"),
     "nemo_gym": Family("nemo_gym", "", "httpx",
                        "a NeMo Gym resources server: the final answer verified by its /verify"),
 }

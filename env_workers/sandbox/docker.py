@@ -135,7 +135,7 @@ class DockerSandbox:
         if self._closed:
             raise SandboxClosed(f"sandbox {self.id} is closed")
 
-    def exec(self, argv: list[str], *, timeout_s: float | None = None) -> ExecResult:
+    def exec(self, argv: list[str], *, timeout_s: float | None = None, stdin: bytes | None = None) -> ExecResult:
         import docker.errors
 
         self._check()
@@ -146,10 +146,16 @@ class DockerSandbox:
             # the engine blocked on it, and the container impossible to remove.
             cmd = ["timeout", "-s", "KILL", str(math.ceil(limit)), "sh", "-c",
                    f'set -o pipefail; "$@" 2>&1 | head -c {self.limits.output_bytes + 1}', "sh", *argv]
-            eid = self._api.exec_create(self.container.id, cmd, workdir=WORKSPACE)["Id"]
+            eid = self._api.exec_create(self.container.id, cmd, workdir=WORKSPACE, stdin=bool(stdin))["Id"]
             sock = _raw(self._api.exec_start(eid, socket=True))
         except docker.errors.DockerException as e:
             raise SandboxError(f"exec failed: {e}") from e
+        if stdin:
+            try:
+                sock.sendall(stdin)
+                sock.shutdown(socket.SHUT_WR)  # the end of the command's stdin
+            except OSError:
+                pass  # the command exited without reading it all: its output says what happened
         try:
             # The in-container `timeout` kills at `limit`; we wait a little longer for it.
             out, eof, over = _demux(sock, t0 + limit + 2.0, self.limits.output_bytes)

@@ -24,6 +24,7 @@ import argparse
 import os
 import sys
 
+from env_workers.sandbox.backends import BACKENDS
 from rollout_service.cli._console import console
 from rollout_service.cli.admin import (
     cmd_cancel,
@@ -110,6 +111,14 @@ def build_parser() -> argparse.ArgumentParser:
                          "(default $ROLLOUT_JUDGE_URL; none: the judge env is unavailable)")
     sp.add_argument("--judge-model", default=os.environ.get("ROLLOUT_JUDGE_MODEL", "default"),
                     help="model name sent to --judge-url (default $ROLLOUT_JUDGE_MODEL or 'default')")
+    sp.add_argument("--sandbox", choices=sorted(BACKENDS), default=None,
+                    help="sandbox backend of every env whose spec names none (default $ROLLOUT_SANDBOX_BACKEND "
+                         "or bwrap)")
+    sp.add_argument("--sandbox-image", default=None,
+                    help="docker backend: the image every sandbox runs (default $ROLLOUT_SANDBOX_IMAGE)")
+    sp.add_argument("--sandbox-docker-url", default=None,
+                    help="docker backend: Docker API URL (default $ROLLOUT_SANDBOX_DOCKER_URL, else DOCKER_HOST "
+                         "or the local socket)")
     sp.set_defaults(fn=cmd_env_worker)
 
     sp = sub.add_parser("envs", help="list the environments an env worker here would host, with descriptions",

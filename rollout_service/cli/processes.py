@@ -86,14 +86,23 @@ def cmd_allocator(args) -> None:
     asyncio.run(main())
 
 
+def configure_sandboxes(args) -> Settings:
+    """The env worker's settings, its `--sandbox*` flags over the environment's; the sandbox
+    backend configured from them (specs that name no backend get it)."""
+    from env_workers.sandbox import backends
+
+    s = Settings.from_env(sandbox_backend=args.sandbox, sandbox_image=args.sandbox_image,
+                          sandbox_docker_url=args.sandbox_docker_url)
+    backends.configure(s.sandbox_backend, docker_url=s.sandbox_docker_url, image=s.sandbox_image)
+    return s
+
+
 def cmd_env_worker(args) -> None:
     from env_workers.envs import judge
     from env_workers.resources import PoolSize
-    from env_workers.sandbox import backends
     from env_workers.server import serve
 
-    s = Settings.from_env()
-    backends.configure(s.sandbox_backend, docker_url=s.sandbox_docker_url, image=s.sandbox_image)
+    s = configure_sandboxes(args)
     registrar = None
     if s.redis_url:  # the env worker announces itself through the registry: the one place that knows its keys
         from scheduler.connection import connect

@@ -1,8 +1,9 @@
-"""The `Engine` protocol: token ids in, sampled token ids + logprobs out."""
+"""The `Engine` protocol: token ids in, sampled token ids + logprobs out (whole, or streamed
+as they are sampled)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -45,11 +46,24 @@ class GenerateResult:
     top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
+@dataclass(slots=True)
+class TokenDelta:
+    """Tokens just sampled, handed on while the request runs (a streamed engine call)."""
+
+    ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]]] | None = None  # as in `GenerateResult`
+
+
 class Engine(Protocol):
     id: str
     policy_version: int
 
     async def generate(self, req: GenerateRequest) -> GenerateResult: ...
+
+    def stream(self, req: GenerateRequest) -> AsyncIterator[TokenDelta | GenerateResult]:
+        """The same sampling as `generate`, handed on as it happens: `TokenDelta`s, then the
+        whole `GenerateResult` (every id the deltas carried, in order) as the last item."""
 
     async def prefill(self, req: GenerateRequest) -> dict: ...
 

@@ -20,8 +20,9 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections.abc import AsyncIterator
 
-from rollout_service.engines.base import Engine, EngineError, EngineLost, GenerateRequest, GenerateResult
+from rollout_service.engines.base import Engine, EngineError, EngineLost, GenerateRequest, GenerateResult, TokenDelta
 from rollout_service.engines.kinds import make_engine
 from rollout_service.tokens import Tokenizer, load_tokenizer
 from scheduler.registry import Registry
@@ -162,15 +163,64 @@ class Fleet:
                 continue
             finally:
                 self._load[eid] -= cost
-            if self._registry is not None:
-                # Label the turn with the version serving when it finished: a weight update
-                # pauses engines mid-request and resumes them on the new weights.
-                info = await self._registry.engine(eid)
-                if info is not None and info.policy_version != res.policy_version:
-                    engine.policy_version = res.policy_version = info.policy_version
+            await self._label(eid, engine, res)
             return res
         kind = EngineLost if isinstance(last, EngineLost) else EngineError  # every engine unreachable: ours
         raise kind(f"turn failed on {self.attempts} engine attempts: {last}")
+
+    async def stream(self, trajectory_id: str, tokenizer: str,
+                     req: GenerateRequest) -> AsyncIterator[TokenDelta | GenerateResult]:
+        """`generate`, streamed (`Engine.stream`). It fails over to another engine only while
+        no token has been handed on: after that a new engine would sample other tokens than
+        the ones already out, so a failure ends the stream with the error."""
+        last: Exception | None = None
+        for _ in range(self.attempts):
+            await self.refresh()
+            try:
+                pid, eid = self.policy.route(trajectory_id, self._available(tokenizer), self._roles)
+            except NoEngine as e:
+                raise EngineError(f"no engine available for tokenizer {tokenizer!r}") from (last or e)
+            engine, _ = self._engines[eid]
+            cost = len(req.prompt_ids) + req.sampling.max_tokens
+            self._load[eid] = self._load.get(eid, 0) + cost
+            failed, started, one = pid, False, req
+            try:
+                t0 = time.perf_counter()
+                if pid != eid:  # disaggregated: the prefill whole on pid, the decode streamed from eid
+                    self._load[pid] = self._load.get(pid, 0) + len(req.prompt_ids)
+                    try:
+                        one = dataclasses.replace(req, kv_transfer_params=await self._engines[pid][0].prefill(req))
+                    finally:
+                        self._load[pid] -= len(req.prompt_ids)
+                t_prefill, failed = time.perf_counter() - t0, eid
+                async for ev in engine.stream(one):
+                    if isinstance(ev, GenerateResult):
+                        if pid != eid:
+                            ev.prefill_s = t_prefill
+                        await self._label(eid, engine, ev)
+                        yield ev
+                        return
+                    started = True
+                    yield ev
+                raise EngineError(f"engine {eid} ended its stream without a result")
+            except EngineError as e:
+                self._down.add(failed)
+                self.policy.forget(trajectory_id)
+                if started:
+                    raise
+                last = e
+            finally:
+                self._load[eid] -= cost
+        kind = EngineLost if isinstance(last, EngineLost) else EngineError
+        raise kind(f"turn failed on {self.attempts} engine attempts: {last}")
+
+    async def _label(self, eid: str, engine: Engine, res: GenerateResult) -> None:
+        if self._registry is not None:
+            # Label the turn with the version serving when it finished: a weight update
+            # pauses engines mid-request and resumes them on the new weights.
+            info = await self._registry.engine(eid)
+            if info is not None and info.policy_version != res.policy_version:
+                engine.policy_version = res.policy_version = info.policy_version
 
     def forget(self, trajectory_id: str) -> None:
         self.policy.forget(trajectory_id)

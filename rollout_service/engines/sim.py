@@ -15,9 +15,10 @@ import hashlib
 import operator
 import random
 import re
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from rollout_service.engines.base import GenerateRequest, GenerateResult
+from rollout_service.engines.base import GenerateRequest, GenerateResult, TokenDelta
 from rollout_service.tokens import ByteTokenizer
 from rollout_service.turns import first_stop
 
@@ -126,19 +127,40 @@ class SimEngine:
             await asyncio.sleep(t * self.time_scale)
         return {"do_remote_prefill": True, "remote_engine_id": self.id, "remote_num_tokens": len(req.prompt_ids)}
 
+    def _prefill_s(self, req: GenerateRequest) -> float:
+        remote = (req.kv_transfer_params or {}).get("remote_num_tokens")
+        # With KV handed over, the decode engine pays the transfer instead of the prefill.
+        return self.cost.transfer_time(remote) if remote else self.cost.prefill_time(len(req.prompt_ids))
+
     async def generate(self, req: GenerateRequest) -> GenerateResult:
         ids, logprobs, finish, top = self.sample(req)
         self._running += 1
         try:
-            remote = (req.kv_transfer_params or {}).get("remote_num_tokens")
-            # With KV handed over, the decode engine pays the transfer instead of the prefill.
-            prefill = self.cost.transfer_time(remote) if remote else self.cost.prefill_time(len(req.prompt_ids))
+            prefill = self._prefill_s(req)
             decode = self.cost.decode_time(len(ids), self._running)
             if self.time_scale > 0:
                 await asyncio.sleep((prefill + decode) * self.time_scale)
         finally:
             self._running -= 1
         return GenerateResult(ids, logprobs, finish, self.policy_version, self.id, prefill, decode, top_logprobs=top)
+
+    async def stream(self, req: GenerateRequest) -> AsyncIterator[TokenDelta | GenerateResult]:
+        """`generate`'s sample, one token per decode step (the cost model's time each)."""
+        ids, logprobs, finish, top = self.sample(req)
+        self._running += 1
+        try:
+            prefill, decode = self._prefill_s(req), 0.0
+            if self.time_scale > 0:
+                await asyncio.sleep(prefill * self.time_scale)
+            for j, (i, lp) in enumerate(zip(ids, logprobs)):
+                step = self.cost.decode_time(1, self._running)
+                decode += step
+                if self.time_scale > 0:
+                    await asyncio.sleep(step * self.time_scale)
+                yield TokenDelta([i], [lp], None if top is None else [top[j]])
+        finally:
+            self._running -= 1
+        yield GenerateResult(ids, logprobs, finish, self.policy_version, self.id, prefill, decode, top_logprobs=top)
 
     async def health(self) -> bool:
         return True

@@ -1,6 +1,6 @@
 """Serves a `SimEngine` over the slice of vLLM's OpenAI-compatible API that we use
 (`POST /v1/completions` with token-id prompts, `return_token_ids`, logprobs, per-request
-timing `metrics`; `/health`;
+timing `metrics`, and `stream` token by token as sampled; `/health`;
 `/metrics`, the admin routes of a weight update: `/pause`, `/resume`,
 `/collective_rpc` reload_weights, `/v1/load_lora_adapter`, `/reset_prefix_cache`, and
 `POST /v1/chat/completions` rendered with the byte tokenizer, what a judge asks), so
@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import uuid
+from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, HTTPException
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, Field
 
-from rollout_service.engines.base import GenerateRequest
+from rollout_service.engines.base import GenerateRequest, GenerateResult
 from rollout_service.engines.sim import CostModel, SimEngine
 from rollout_service.tokens import chat_tokens
 from rollout_service.turns import reply_text
@@ -40,6 +42,8 @@ class CompletionRequest(BaseModel):
     skip_special_tokens: bool = True
     request_id: str | None = None
     kv_transfer_params: dict | None = None
+    stream: bool = False
+    stream_options: dict | None = None
 
 
 def create_app(engine: SimEngine, model: str = "sim") -> FastAPI:
@@ -102,10 +106,10 @@ def create_app(engine: SimEngine, model: str = "sim") -> FastAPI:
                     "kv_transfer_params": params}
         if (body.kv_transfer_params or {}).get("remote_num_tokens"):
             stats["external_kv_tokens"] += int(body.kv_transfer_params["remote_num_tokens"])
+        if body.stream:
+            return StreamingResponse(_stream(body, req), media_type="text/event-stream")
         res = await engine.generate(req)
-        stats["requests"] += 1
-        stats["generation_tokens"] += len(res.output_ids)
-        stats["prompt_tokens"] += len(body.prompt)
+        count(body, res)
         return {
             "id": f"cmpl-{rid}",
             "object": "text_completion",
@@ -115,18 +119,56 @@ def create_app(engine: SimEngine, model: str = "sim") -> FastAPI:
                 "text": reply_text(engine.tok, res.output_ids, sampling.stop),
                 "token_ids": res.output_ids if body.return_token_ids else None,
                 "prompt_token_ids": body.prompt if body.return_token_ids else None,
-                "logprobs": {"token_logprobs": res.logprobs,
-                             "top_logprobs": [{(f"token_id:{i}" if body.return_tokens_as_token_ids
-                                                else engine.tok.decode([i])): lp for i, lp in alts}
-                                              for alts in res.top_logprobs or []] or None}
-                if body.logprobs is not None else None,
+                "logprobs": logprobs(body, res.logprobs, res.top_logprobs),
                 "finish_reason": res.finish_reason,
             }],
-            "usage": {"prompt_tokens": len(body.prompt), "completion_tokens": len(res.output_ids),
-                      "total_tokens": len(body.prompt) + len(res.output_ids)},
-            # as vLLM with --enable-per-request-metrics: the cost model's prefill and decode
-            "metrics": {"time_to_first_token_ms": res.prefill_s * 1000, "generation_time_ms": res.decode_s * 1000},
+            "usage": usage(body, res),
+            "metrics": timing(res),
         }
+
+    def count(body: CompletionRequest, res: GenerateResult) -> None:
+        stats["requests"] += 1
+        stats["generation_tokens"] += len(res.output_ids)
+        stats["prompt_tokens"] += len(body.prompt)
+
+    def usage(body: CompletionRequest, res: GenerateResult) -> dict:
+        return {"prompt_tokens": len(body.prompt), "completion_tokens": len(res.output_ids),
+                "total_tokens": len(body.prompt) + len(res.output_ids)}
+
+    def timing(res: GenerateResult) -> dict:
+        # as vLLM with --enable-per-request-metrics: the cost model's prefill and decode
+        return {"time_to_first_token_ms": res.prefill_s * 1000, "generation_time_ms": res.decode_s * 1000}
+
+    def logprobs(body: CompletionRequest, lps: list[float], top: list | None) -> dict | None:
+        if body.logprobs is None:
+            return None
+        return {"token_logprobs": lps,
+                "top_logprobs": [{(f"token_id:{i}" if body.return_tokens_as_token_ids
+                                   else engine.tok.decode([i])): lp for i, lp in alts} for alts in top or []] or None}
+
+    async def _stream(body: CompletionRequest, req: GenerateRequest) -> AsyncIterator[str]:
+        """vLLM's streamed completion: a chunk per sampled token (its text, ids and logprobs;
+        the prompt ids on the first), the finish on the last, then, with
+        `stream_options.include_usage`, a chunk with no choices carrying usage and timing."""
+        head = {"id": f"cmpl-{req.request_id}", "object": "text_completion", "model": body.model or model}
+        ids: list[int] = []
+        said = ""
+        async for ev in engine.stream(req):
+            if isinstance(ev, GenerateResult):
+                count(body, ev)
+                yield _sse({**head, "choices": [{"index": 0, "text": "", "token_ids": [] if body.return_token_ids
+                                                 else None, "finish_reason": ev.finish_reason}]})
+                if (body.stream_options or {}).get("include_usage"):
+                    yield _sse({**head, "choices": [], "usage": usage(body, ev), "metrics": timing(ev)})
+                break
+            text = reply_text(engine.tok, ids := ids + ev.ids, req.sampling.stop)
+            yield _sse({**head, "choices": [{
+                "index": 0, "text": text[len(said):], "finish_reason": None,
+                "token_ids": ev.ids if body.return_token_ids else None,
+                "prompt_token_ids": body.prompt if body.return_token_ids and len(ids) == len(ev.ids) else None,
+                "logprobs": logprobs(body, ev.logprobs, ev.top_logprobs)}]})
+            said = text
+        yield "data: [DONE]\n\n"
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest) -> dict:
@@ -154,6 +196,10 @@ def create_app(engine: SimEngine, model: str = "sim") -> FastAPI:
                 f'vllm:prompt_tokens_by_source_total{{source="external_kv_transfer"}} {stats["external_kv_tokens"]}\n')
 
     return app
+
+
+def _sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
 
 
 def serve(host: str, port: int, seed: int, time_scale: float, model: str = "sim") -> None:

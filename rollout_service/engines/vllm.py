@@ -2,7 +2,9 @@
 
 We send token ids as the prompt of `POST /v1/completions` with `return_token_ids` and
 `logprobs`, and keep the sampled ids and their logprobs exactly as returned. Prefill time (to
-the first token) comes from the response's per-request `metrics`, when the server has them on. The engine
+the first token) comes from the response's per-request `metrics`, when the server has them on
+(streamed: on the closing usage chunk). `stream` reads the same request as server-sent chunks,
+handing on each chunk's ids and logprobs as vLLM samples them. The engine
 echoes the prompt ids it actually used; if they differ from what we sent, the turn fails
 (a silent drift would corrupt the training sample).
 
@@ -15,12 +17,13 @@ place (`/v1/load_lora_adapter`), `/reset_prefix_cache` (stale KV would mix polic
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
 
-from rollout_service.engines.base import EngineError, EngineLost, GenerateRequest, GenerateResult
+from rollout_service.engines.base import EngineError, EngineLost, GenerateRequest, GenerateResult, TokenDelta
 from wire import EngineInfo
 
 
@@ -135,6 +138,68 @@ class VLLMEngine:
         prefill_s, decode_s = split_timing(body.get("metrics"), time.perf_counter() - t0)
         return GenerateResult(ids, lps, choice.get("finish_reason") or "stop", version, self.id, prefill_s, decode_s,
                               kv_transfer_params=body.get("kv_transfer_params"), top_logprobs=top)
+
+    async def stream(self, req: GenerateRequest) -> AsyncIterator[TokenDelta | GenerateResult]:
+        """`generate` as vLLM streams it: each chunk's sampled ids and logprobs as they come
+        (its text is left: the caller decodes the ids), then the whole result. Closing the
+        iterator early closes the connection, and vLLM aborts the request."""
+        t0 = time.perf_counter()
+        version = self.policy_version
+        body = {**self.payload(req), "stream": True, "stream_options": {"include_usage": True}}
+        ids: list[int] = []
+        lps: list[float] = []
+        tops: list[list[tuple[int, float]]] = []
+        finish, metrics = None, None
+        try:
+            async with self._client.stream("POST", f"{self.url}/v1/completions", json=body) as r:
+                if r.status_code != 200:
+                    raise EngineError(f"engine {self.id} answered {r.status_code}: {(await r.aread())[:300]!r}")
+                async for line in r.aiter_lines():
+                    if not line.startswith("data:") or (data := line[5:].strip()) == "[DONE]":
+                        continue
+                    chunk = self._chunk(data)
+                    metrics = chunk.get("metrics") or metrics
+                    for choice in chunk.get("choices") or []:
+                        seen = choice.get("prompt_token_ids")  # on the first chunk: checked before a token is handed on
+                        if seen is not None and list(seen) != req.prompt_ids:
+                            raise EngineError(f"engine {self.id} saw a different prompt than sent ({len(seen)} vs "
+                                              f"{len(req.prompt_ids)} ids)")
+                        finish = choice.get("finish_reason") or finish
+                        delta = self._delta(choice, req.top_logprobs)
+                        if delta.ids:
+                            ids += delta.ids
+                            lps += delta.logprobs
+                            tops += delta.top_logprobs or []
+                            yield delta
+        except httpx.HTTPError as e:
+            raise EngineLost(f"engine {self.id} unreachable: {e!r}") from e
+        if finish is None:
+            raise EngineError(f"engine {self.id} ended its stream without a finish_reason")
+        prefill_s, decode_s = split_timing(metrics, time.perf_counter() - t0)
+        yield GenerateResult(ids, lps, finish, version, self.id, prefill_s, decode_s,
+                             top_logprobs=tops if req.top_logprobs else None)
+
+    def _chunk(self, data: str) -> dict:
+        try:
+            chunk = json.loads(data)
+        except ValueError as e:
+            raise EngineError(f"engine {self.id} streamed a chunk that is not JSON: {e!r}") from e
+        if not isinstance(chunk, dict):
+            raise EngineError(f"engine {self.id} streamed a chunk that is not an object")
+        if "error" in chunk:  # vLLM reports a failure mid-stream as a chunk of its own
+            raise EngineError(f"engine {self.id} failed mid-stream: {str(chunk['error'])[:300]}")
+        return chunk
+
+    def _delta(self, choice: dict, top_k: int) -> TokenDelta:
+        try:
+            ids = [int(i) for i in choice.get("token_ids") or []]
+            block = choice.get("logprobs") or {}
+            lps = [float(x) if x is not None else 0.0 for x in block.get("token_logprobs") or []]
+        except (TypeError, ValueError, AttributeError) as e:
+            raise EngineError(f"engine {self.id} streamed a malformed chunk: {e!r}") from e
+        if len(lps) != len(ids):
+            raise EngineError(f"engine {self.id} streamed {len(ids)} ids but {len(lps)} logprobs")
+        return TokenDelta(ids, lps, _top_logprobs(block.get("top_logprobs") or [], top_k, len(ids), self.id))
 
     async def _admin(self, path: str, **kw) -> None:
         try:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable
+from typing import TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
@@ -14,7 +15,7 @@ from rollout_service.auth import Principal
 from rollout_service.engines.base import EngineError
 from rollout_service.routes.batches import SAMPLES
 from rollout_service.routes.deps import principal
-from rollout_service.sessions import Choice, Reply, SessionClosed, SessionNotFound
+from rollout_service.sessions import Choice, Delta, Reply, SessionClosed, SessionNotFound
 from wire import (
     ChatCompletionRequest,
     ErrorResponse,
@@ -26,6 +27,7 @@ from wire import (
 )
 from wire.errors import ApiError, Conflict, NotFound
 
+T = TypeVar("T")
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"],
                    responses={404: {"model": ErrorResponse}, 409: {"model": ErrorResponse}})
 Caller = Depends(principal)
@@ -68,21 +70,20 @@ async def finish(request: Request, sid: str, body: SessionFinish, who: Principal
 @router.post("/{sid}/chat/completions", responses={503: {"model": ErrorResponse}})
 async def chat_completions(request: Request, sid: str, body: ChatCompletionRequest, who: Principal = Caller):
     """OpenAI's chat completion, served with token-in/token-out underneath; with `stream`,
-    as server-sent chunks (the reply is sampled and recorded first, so a stream and a plain
-    answer record the same trajectory)."""
-    reply = await _complete(request, sid, who, body)
+    as server-sent chunks while the engine samples (a stream and a plain answer record the
+    same trajectory)."""
     head = {"id": f"chatcmpl-{sid}-{int(time.time() * 1000)}", "created": int(time.time()), "model": body.model}
-    usage = {"prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens,
-             "total_tokens": reply.prompt_tokens + reply.completion_tokens}
     if body.stream:
+        events = request.app.state.sessions.stream(sid, _owner(who), body)
+        first = await _served(anext(events))  # errors before the first token answer as without a stream
         with_usage = bool(body.stream_options and body.stream_options.include_usage)
-        events = (f"data: {json.dumps(c)}\n\n" for c in chunks(head, reply, usage if with_usage else None))
-        return StreamingResponse(_then_done(events), media_type="text/event-stream")
+        return StreamingResponse(_sse(head, body.n, first, events, with_usage), media_type="text/event-stream")
+    reply = await _served(_complete(request, sid, who, body))
     return {**head, "object": "chat.completion",
             "choices": [{"index": k, "message": _message(c), "finish_reason": c.finish_reason,
                          "logprobs": None if c.logprobs is None else {"content": c.logprobs, "refusal": None}}
                         for k, c in enumerate(reply.choices)],
-            "usage": usage}
+            "usage": _usage(reply)}
 
 
 @router.post("/{sid}/responses", responses={503: {"model": ErrorResponse}})
@@ -90,7 +91,7 @@ async def responses(request: Request, sid: str, body: ResponsesRequest, who: Pri
     """OpenAI's Responses API, for text and function calls: served as the chat completion it
     means, recorded the same way. The whole input each call (no `previous_response_id`)."""
     chat = body.chat
-    reply = await _complete(request, sid, who, chat)
+    reply = await _served(_complete(request, sid, who, chat))
     (c,) = reply.choices
     stamp = int(time.time() * 1000)
     output: list[dict] = []
@@ -115,14 +116,24 @@ async def responses(request: Request, sid: str, body: ResponsesRequest, who: Pri
 
 
 async def _complete(request: Request, sid: str, who: Principal, body: ChatCompletionRequest) -> Reply:
+    return await request.app.state.sessions.complete(sid, _owner(who), body)
+
+
+async def _served(aw: Awaitable[T]) -> T:
+    """A session call's answer, its failures as our HTTP errors."""
     try:
-        return await request.app.state.sessions.complete(sid, _owner(who), body)
-    except SessionNotFound:
-        raise NotFound(f"no session {sid!r}") from None
+        return await aw
+    except SessionNotFound as e:
+        raise NotFound(f"no session {e.args[0]!r}") from None
     except SessionClosed as e:
         raise Conflict(str(e)) from None
     except EngineError as e:
         raise EngineUnavailable(str(e)) from None
+
+
+def _usage(reply: Reply) -> dict:
+    return {"prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens,
+            "total_tokens": reply.prompt_tokens + reply.completion_tokens}
 
 
 def _message(c: Choice) -> dict:
@@ -132,29 +143,36 @@ def _message(c: Choice) -> dict:
     return msg
 
 
-def chunks(head: dict, reply: Reply, usage: dict | None) -> Iterator[dict]:
-    """OpenAI's `chat.completion.chunk`s of a reply: per choice, the role, one content delta
-    per sampled token (with its logprobs when asked), the tool calls, then the finish; last,
-    with `usage`, a chunk with no choices that carries it."""
-    def chunk(k: int, delta: dict, logprobs: list | None = None, finish: str | None = None) -> dict:
-        return {**head, "object": "chat.completion.chunk",
-                "choices": [{"index": k, "delta": delta, "finish_reason": finish,
-                             "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None}}]}
+async def _sse(head: dict, n: int, first: Delta | Reply, rest: AsyncIterator[Delta | Reply],
+               with_usage: bool) -> AsyncIterator[str]:
+    """OpenAI's `chat.completion.chunk`s of a streamed call: per choice the role, then its
+    content deltas (with their logprobs when asked) as sampled; once the reply is recorded,
+    each choice's tool calls and finish; with `usage`, a last chunk with no choices carrying it.
+    A failure mid-stream goes out as an `error` event (what OpenAI's clients raise on)."""
+    def chunk(k: int, delta: dict, logprobs: list | None = None, finish: str | None = None) -> str:
+        return "data: " + json.dumps({**head, "object": "chat.completion.chunk", "choices": [
+            {"index": k, "delta": delta, "finish_reason": finish,
+             "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None}}]}) + "\n\n"
 
-    for k, c in enumerate(reply.choices):
+    for k in range(n):
         yield chunk(k, {"role": "assistant", "content": ""})
-        for j, piece in enumerate(c.pieces):
-            lp = None if c.logprobs is None else c.logprobs[j: j + 1]
-            if piece or lp:
-                yield chunk(k, {"content": piece} if piece else {}, lp)
+    ev: Delta | Reply = first
+    try:
+        while isinstance(ev, Delta):
+            yield chunk(ev.index, {"content": ev.content} if ev.content else {}, ev.logprobs)
+            ev = await anext(rest)
+    except EngineError as e:
+        yield "data: " + json.dumps({"error": {"code": "engine_unavailable", "message": str(e),
+                                               "type": "engine_unavailable"}}) + "\n\n"
+        yield "data: [DONE]\n\n"
+        return
+    finally:
+        await rest.aclose()  # a client gone mid-stream: the session's engine calls end here, not at GC
+    for k, c in enumerate(ev.choices):
         for i, call in enumerate(c.tool_calls):
             yield chunk(k, {"tool_calls": [{"index": i, **call.model_dump()}]})
         yield chunk(k, {}, finish=c.finish_reason)
-    if usage is not None:
-        yield {**head, "object": "chat.completion.chunk", "choices": [], "usage": usage}
-
-
-async def _then_done(events: Iterator[str]) -> AsyncIterator[str]:
-    for e in events:
-        yield e
+    if with_usage:
+        yield "data: " + json.dumps({**head, "object": "chat.completion.chunk", "choices": [],
+                                     "usage": _usage(ev)}) + "\n\n"
     yield "data: [DONE]\n\n"

@@ -19,20 +19,29 @@ APT = "apt-get install -y --no-install-recommends bubblewrap podman runc busybox
 
 
 @pytest.fixture(scope="session")
-def docker_env(tmp_path_factory):
-    """(client, image) for the docker backend."""
+def docker_url(tmp_path_factory):
+    """The Docker API URL of the docker backend tests: podman's, or `ROLLOUT_TEST_DOCKER_URL`."""
+    url = os.environ.get("ROLLOUT_TEST_DOCKER_URL")
+    if url:
+        yield url
+        return
+    if lacking := podman.missing():
+        pytest.fail(f"docker backend tests need {', '.join(lacking)}: {APT}")
+    service = podman.PodmanService(tmp_path_factory.mktemp("podman")).start()
+    try:
+        yield service.url
+    finally:
+        service.stop()
+
+
+@pytest.fixture(scope="session")
+def docker_env(docker_url):
+    """(client, image, ids of the containers made) for the docker backend."""
     import docker
 
     from env_workers.sandbox.docker import LABEL
 
-    url = os.environ.get("ROLLOUT_TEST_DOCKER_URL")
-    service = None
-    if not url:
-        if lacking := podman.missing():
-            pytest.fail(f"docker backend tests need {', '.join(lacking)}: {APT}")
-        service = podman.PodmanService(tmp_path_factory.mktemp("podman")).start()
-        url = service.url
-    client = docker.DockerClient(base_url=url, timeout=60)
+    client = docker.DockerClient(base_url=docker_url, timeout=60)
     made: list[str] = []
     try:
         yield client, podman.ensure_image(client), made
@@ -41,8 +50,7 @@ def docker_env(tmp_path_factory):
                 c.remove(force=True)  # anything a failed test left behind
     finally:
         client.close()
-        if service:
-            service.stop()
+        if not os.environ.get("ROLLOUT_TEST_DOCKER_URL"):
             _end_conmons(made)
 
 

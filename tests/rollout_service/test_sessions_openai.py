@@ -32,9 +32,9 @@ class Scripted(SimEngine):
         super().__init__("sim", policy=scripted(replies))
         self.requests = []
 
-    async def generate(self, req):
+    def sample(self, req):  # what generate and stream both sample from
         self.requests.append(req)
-        return await super().generate(req)
+        return super().sample(req)
 
 
 def serve(keys, replies, tool_parser="hermes"):

@@ -1,11 +1,20 @@
 """The sandbox protocol, on every backend."""
 
+import hashlib
+
 from env_workers.sandbox import WORKSPACE, Limits
 
 
 def test_exec_returns_output_and_exit_code(sandbox):
     r = sandbox.exec(["sh", "-c", "echo out; echo err >&2; exit 3"])
     assert r.exit_code == 3 and b"out\n" in r.output and b"err\n" in r.output and not r.timed_out
+
+
+def test_exec_feeds_stdin_then_its_end(sandbox):
+    data = bytes(range(256)) * 512  # binary, and more than one socket/pipe buffer
+    r = sandbox.exec(["sh", "-c", "cat > got && wc -c < got && sha256sum got"], stdin=data)
+    assert r.exit_code == 0 and r.output.split()[0] == str(len(data)).encode()
+    assert hashlib.sha256(data).hexdigest().encode() in r.output
 
 
 def test_exec_starts_in_the_writable_workspace(sandbox):
