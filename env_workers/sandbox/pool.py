@@ -32,6 +32,9 @@ class Box:
     tools: Toolbox
 
 
+START_S = 120.0  # longest wait for a new sandbox's bash to answer; then the sandbox counts as failed
+
+
 @dataclass(slots=True, frozen=True)
 class SandboxSpec:
     limits: Limits = field(default_factory=Limits)
@@ -44,7 +47,9 @@ class SandboxSpec:
         sb = backends.maker(self.backend)(self.limits)
         box = Box(sb, Toolbox(sb))
         if self.warm_bash:
-            r = box.tools.call("bash", command="true")
+            # Our own start-up, not a model's command: the command limit (often a few seconds) is
+            # too short for bash to come up on a loaded node, so it gets START_S.
+            r = box.tools.call("bash", command="true", timeout_s=max(START_S, self.limits.timeout_s))
             if r.failure is not None:
                 box.tools.close()
                 sb.close()
