@@ -7,9 +7,13 @@ registry. An engine being moved is published in state `draining`, so routers sen
 new; once its in-flight tokens reach zero it takes its new role. Workers follow the
 registry within a refresh (2 s).
 
-Run one per deployment (`rollout allocator`, or `rollout up --pd-allocation`). It needs
-engines served with a KV connector (`rollout engine serve ... --kv-transfer`).
-Non-goals: measuring engine speed live; the capacity model is the allocator's prior.
+Run one per deployment (`rollout allocator`, or `rollout up --pd-allocation`). It moves only
+engines that said they can serve every role (`EngineInfo.can_serve`, which workers detect from
+each engine's KV connector: `kv_both` today, deprecated upstream); any other engine keeps its
+role and is named in the log once, so nothing depends on `kv_both` silently.
+
+Capacity: the caller's `Capacity` (`rollout allocator` feeds it from the turns workers report:
+`scheduler.capacity`), else the prior.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ class PDController:
         self.drain_tok_s = drain_tok_s  # assumed rate an engine works off its in-flight tokens
         self.clock = clock
         self.allocator: Allocator | None = None
+        self._kept_out: set[str] = set()  # engines already logged as not switchable
 
     def _sync(self, engines: dict[str, str], now: float) -> Allocator:
         """(Re)build the allocator when the set of engines changes, starting from their roles."""
@@ -49,7 +54,7 @@ class PDController:
 
     async def step(self) -> list[Move]:
         now = self.clock()
-        infos = await self.registry.engines()
+        infos = [e for e in await self.registry.engines() if self._switchable(e)]
         if not infos:
             return []
         fresh = self.allocator is None or set(self.allocator.engines) != {e.id for e in infos}
@@ -75,6 +80,16 @@ class PDController:
             log.info("engine draining for a new role", extra={"engine": m.engine, "from": m.old.value,
                                                               "to": m.new.value})
         return moves
+
+    def _switchable(self, e) -> bool:
+        ok = e.can_serve is not None and {r.value for r in Role} <= set(e.can_serve)
+        if not ok and e.id not in self._kept_out:
+            self._kept_out.add(e.id)
+            log.warning("engine kept out of allocation: it cannot serve every role",
+                        extra={"engine": e.id, "can_serve": e.can_serve, "kv": e.kv or "not detected yet"})
+        elif ok:
+            self._kept_out.discard(e.id)
+        return ok
 
     async def run(self, stop: asyncio.Event, every_s: float = 5.0) -> None:
         while not stop.is_set():

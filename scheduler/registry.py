@@ -14,6 +14,7 @@ import random
 import time
 
 import redis.asyncio as aioredis
+from redis.exceptions import WatchError
 
 from scheduler.connection import UNAVAILABLE
 from scheduler.keys import Keys
@@ -42,12 +43,23 @@ class Registry:
         return EngineInfo.model_validate_json(raw) if raw else None
 
     async def _update(self, engine_id: str, **fields) -> EngineInfo:
-        info = await self.engine(engine_id)
-        if info is None:
-            raise KeyError(engine_id)
-        info = info.model_copy(update=fields)
-        await self.add_engine(info)
-        return info
+        """Change some fields of one engine, atomically: the allocator's role changes, workers'
+        capability reports and weight updates write the same record, and a plain read-then-write
+        could put back what another writer just changed."""
+        async with self.r.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    await pipe.watch(self.k.engines)
+                    raw = await pipe.hget(self.k.engines, engine_id)
+                    if not raw:
+                        raise KeyError(engine_id)
+                    info = EngineInfo.model_validate_json(raw).model_copy(update=fields)
+                    pipe.multi()
+                    pipe.hset(self.k.engines, engine_id, info.model_dump_json())
+                    await pipe.execute()
+                    return info
+                except WatchError:
+                    continue  # another engine's record changed meanwhile: read again
 
     async def set_policy_version(self, engine_id: str, version: int, model: str | None = None) -> None:
         await self._update(engine_id, policy_version=version, **({"model": model} if model else {}))
@@ -55,6 +67,10 @@ class Registry:
     async def set_role(self, engine_id: str, role: str) -> EngineInfo:
         """Serve `role` from now on (ready)."""
         return await self._update(engine_id, role=role, state="ready", next_role=None)
+
+    async def set_capabilities(self, engine_id: str, can_serve: list[str] | None, kv: str) -> EngineInfo:
+        """What the engine's KV connector allows (`can_serve`, None: could not tell) and, in words, why."""
+        return await self._update(engine_id, can_serve=can_serve, kv=kv)
 
     async def drain(self, engine_id: str, next_role: str | None = None) -> EngineInfo:
         """No new work: the engine finishes what it holds, then takes `next_role` (`set_role`)."""

@@ -9,6 +9,13 @@ Engines carry a role (registry: prefill | decode | mixed). When the policy route
 prefill and decode to different engines, the prefill engine computes the KV and hands it
 over through vLLM's `kv_transfer_params` protocol (NixlConnector); the decode engine samples.
 
+A decode engine that keeps a finished turn's KV (vLLM's `bidirectional_kv_xfer`) answers with
+`kv_transfer_params` for it; the fleet hands them to the trajectory's next prefill on another
+engine, which reads that KV back instead of recomputing the last response (only what is new is
+prefilled, as on a colocated engine). An engine's roles are asked of it once it is seen
+(`capabilities`) and written to the registry, so an engine that cannot hand KV over or take it
+is never silently given a role it cannot serve.
+
 The registry is the one source of every engine's kind, role and policy version; the fleet
 keeps a cache of it (`refresh`, every `refresh_s`), rebuilt from it at any time, and hands
 the roles to the routing policy on each call. Engines are built by kind (`engines.make_engine`).
@@ -47,6 +54,10 @@ class Fleet:
         self._refreshed = 0.0
         self._load: dict[str, int] = {e: 0 for e in self._engines}
         self._down: set[str] = set()
+        # trajectory -> (decode engine, the kv_transfer_params it answered): its last turn's KV,
+        # held there for the next prefill to read; bounded, oldest dropped first
+        self._held: dict[str, tuple[str, dict]] = {}
+        self._max_held = 100_000
 
     @property
     def engine_ids(self) -> list[str]:
@@ -75,8 +86,15 @@ class Fleet:
                 self._engines[info.id], self._infos[info.id] = (engine, info.tokenizer), info
                 self._load.setdefault(info.id, 0)
             self._engines[info.id][0].policy_version = info.policy_version
+            self._infos[info.id] = info
             if info.state == "draining":  # finishing what it holds before a new role: nothing new
                 self._roles.pop(info.id, None)
+            elif info.can_serve is not None and info.role not in info.can_serve:
+                # a role its KV connector does not allow (set by hand, or before detection): serve
+                # colocated, and say so (`rollout engines` shows what it can serve)
+                if self._roles.get(info.id) is not Role.mixed:
+                    log.warning("engine %s cannot serve role %s (%s): serving mixed", info.id, info.role, info.kv)
+                self._roles[info.id] = Role.mixed
             else:
                 self._roles[info.id] = Role(info.role)
         for gone in set(self._engines) - {i.id for i in infos if i.id in self._infos}:
@@ -98,6 +116,23 @@ class Fleet:
         ok = await asyncio.gather(*(self._engines[e][0].health() for e in ids), return_exceptions=True)
         for eid, healthy in zip(ids, ok):
             (self._down.discard if healthy is True else self._down.add)(eid)
+        await self._detect([e for e in ids if e not in self._down and e in self._infos and self._infos[e].kv is None])
+
+    async def _detect(self, ids: list[str]) -> None:
+        """Ask engines not asked yet which roles they can serve; record it in the registry."""
+        for eid in ids:
+            ask = getattr(self._engines[eid][0], "capabilities", None)
+            if ask is None or self._registry is None:
+                continue
+            try:
+                caps = await ask()
+                info = await self._registry.set_capabilities(
+                    eid, list(caps.can_serve) if caps.can_serve is not None else None, caps.kv)
+            except (EngineError, KeyError) as e:  # down or removed meanwhile: the next probe asks again
+                log.info("engine %s: roles not detected yet: %s", eid, e)
+                continue
+            self._infos[eid] = info
+            log.info("engine %s can serve %s (%s)", eid, caps.can_serve, caps.kv)
 
     def loads(self) -> dict[str, int]:
         """In-flight tokens (prompt + max new) this process has on each engine."""
@@ -143,15 +178,20 @@ class Fleet:
             failed = pid
             try:
                 t0 = time.perf_counter()
+                held = self._held.pop(trajectory_id, None)
                 if pid != eid:  # disaggregated: prefill on pid, KV handed over, decode on eid
                     self._load[pid] = self._load.get(pid, 0) + len(req.prompt_ids)
+                    # the last turn's KV, kept by the engine that decoded it: read back, not recomputed
+                    back = held[1] if held is not None and held[0] != pid else None
                     try:
-                        params = await self._engines[pid][0].prefill(req)
+                        params = await self._engines[pid][0].prefill(dataclasses.replace(req, kv_transfer_params=back))
                     finally:
                         self._load[pid] -= len(req.prompt_ids)
                     t_prefill, failed = time.perf_counter() - t0, eid
                     res = await engine.generate(dataclasses.replace(req, kv_transfer_params=params))
                     res.prefill_s = t_prefill
+                    if res.kv_transfer_params:
+                        self._hold(trajectory_id, eid, res.kv_transfer_params)
                 else:
                     failed = eid
                     res = await engine.generate(req)
@@ -172,8 +212,14 @@ class Fleet:
         kind = EngineLost if isinstance(last, EngineLost) else EngineError  # every engine unreachable: ours
         raise kind(f"turn failed on {self.attempts} engine attempts: {last}")
 
+    def _hold(self, trajectory_id: str, engine_id: str, params: dict) -> None:
+        if len(self._held) >= self._max_held:
+            self._held.pop(next(iter(self._held)))
+        self._held[trajectory_id] = (engine_id, params)
+
     def forget(self, trajectory_id: str) -> None:
         self.policy.forget(trajectory_id)
+        self._held.pop(trajectory_id, None)
 
     async def aclose(self) -> None:
         for eng, _ in self._engines.values():

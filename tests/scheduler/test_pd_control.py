@@ -12,6 +12,7 @@ from scheduler.registry import Registry
 from wire import EngineInfo
 
 IDS = [f"e{i}" for i in range(8)]
+ALL = ["prefill", "decode", "mixed"]
 PREFILL_HEAVY = {"forecast:prefill_tokens": 2_000_000, "forecast:decode_tokens": 64_000, "forecast:decode_seqs": 64,
                  "forecast:context_tokens": 64_000, "forecast:live": 64, "forecast:turns": 64,
                  "forecast:response_tokens": 64 * 300}
@@ -29,7 +30,7 @@ def test_demand_sums_workers_and_weights_means():
 async def test_controller_drains_then_switches_and_routers_follow(redis, keys):
     reg = Registry(redis, keys)
     for eid in IDS:
-        await reg.add_engine(EngineInfo(id=eid, url=f"http://127.0.0.1:9/{eid}"))
+        await reg.add_engine(EngineInfo(id=eid, url=f"http://127.0.0.1:9/{eid}", can_serve=ALL))
     now = [100.0]
     ctl = PDController(reg, additive(), AllocatorConfig(dwell_s=0, confirm=1, max_moves=0.25),
                        clock=lambda: now[0])
@@ -65,7 +66,7 @@ async def test_a_new_controller_releases_drains_an_earlier_one_left(redis, keys)
     change) serves the published role again rather than leave the engine idle forever."""
     reg = Registry(redis, keys)
     for eid in IDS:
-        await reg.add_engine(EngineInfo(id=eid, url=f"http://127.0.0.1:9/{eid}", role="decode"))
+        await reg.add_engine(EngineInfo(id=eid, url=f"http://127.0.0.1:9/{eid}", can_serve=ALL, role="decode"))
     await reg.drain("e1")
     assert (await reg.engine("e1")).state == "draining"
     await PDController(reg, additive(), AllocatorConfig(dwell_s=0), clock=lambda: 100.0).step()
@@ -78,7 +79,7 @@ async def test_a_new_controller_finishes_a_drain_toward_its_published_next_role(
     keeps the engine draining while it holds work and gives it that role once it is empty."""
     reg = Registry(redis, keys)
     for eid in IDS:
-        await reg.add_engine(EngineInfo(id=eid, url=f"http://127.0.0.1:9/{eid}", role="mixed"))
+        await reg.add_engine(EngineInfo(id=eid, url=f"http://127.0.0.1:9/{eid}", can_serve=ALL, role="mixed"))
     await reg.drain("e1", "prefill")
     await reg.report("w0", {"e1": 500}, set())  # e1 still holds 500 tokens of work
     cfg = AllocatorConfig(dwell_s=1e9)  # no new moves: only the inherited one
@@ -90,3 +91,20 @@ async def test_a_new_controller_finishes_a_drain_toward_its_published_next_role(
     await ctl.step()
     e1 = await reg.engine("e1")
     assert (e1.state, e1.role, e1.next_role) == ("ready", "prefill", None)
+
+
+async def test_only_engines_that_can_serve_every_role_are_moved(redis, keys):
+    """An engine whose KV connector allows fewer roles (kv_producer, none, or not asked yet)
+    keeps its role however much the forecast asks for prefill engines."""
+    reg = Registry(redis, keys)
+    kinds = [ALL] * 6 + [["prefill", "mixed"], ["mixed"], None]
+    for i, can in enumerate(kinds):
+        await reg.add_engine(EngineInfo(id=f"e{i}", url=f"http://127.0.0.1:9/e{i}", can_serve=can))
+    await reg.report_phases("w0", PREFILL_HEAVY)
+    ctl = PDController(reg, additive(), AllocatorConfig(dwell_s=0, confirm=1), clock=lambda: 100.0)
+    moves = await ctl.step()
+    assert moves and {m.engine for m in moves} <= set(IDS[:6])
+    assert set(ctl.allocator.engines) == set(IDS[:6])
+    for eid in ("e6", "e7", "e8"):
+        e = await reg.engine(eid)
+        assert (e.role, e.state, e.next_role) == ("mixed", "ready", None)
