@@ -12,8 +12,9 @@ engines that said they can serve every role (`EngineInfo.can_serve`, which worke
 each engine's KV connector: `kv_both` today, deprecated upstream); any other engine keeps its
 role and is named in the log once, so nothing depends on `kv_both` silently.
 
-Capacity: the caller's `Capacity` (`rollout allocator` feeds it from the turns workers report:
-`scheduler.capacity`), else the prior.
+Capacity: with `measure` (as `rollout allocator` runs it) the step model is fitted to the turns
+workers report (`scheduler.timing`: vLLM's per-request prefill and decode seconds), so the
+allocator reads measured rates; without it, the `Capacity` given (a prior) as it is.
 """
 
 from __future__ import annotations
@@ -27,13 +28,20 @@ from scheduler.allocator import Allocator, AllocatorConfig, Capacity, Layout, Mo
 from scheduler.forecast import Demand
 from scheduler.registry import Registry
 from scheduler.roles import EngineRole, Role
+from scheduler.timing import feed
 
 log = logging.getLogger(__name__)
 
 class PDController:
     def __init__(self, registry: Registry, capacity: Capacity | None = None, config: AllocatorConfig | None = None,
-                 horizon_s: float = 10.0, drain_tok_s: float = 2_000.0, clock: Callable[[], float] = time.monotonic):
+                 horizon_s: float = 10.0, drain_tok_s: float = 2_000.0, clock: Callable[[], float] = time.monotonic,
+                 measure: bool = False):
+        """`measure`: teach the capacity from the turns workers report (`scheduler.timing`), so the
+        allocator decides on measured rates; otherwise it keeps `capacity` (a prior) as given."""
         self.registry = registry
+        self.measure = measure
+        if measure and capacity is None:
+            capacity = Capacity()
         self.capacity, self.config = capacity, config
         self.horizon_s = horizon_s
         self.drain_tok_s = drain_tok_s  # assumed rate an engine works off its in-flight tokens
@@ -54,6 +62,8 @@ class PDController:
 
     async def step(self) -> list[Move]:
         now = self.clock()
+        if self.measure:
+            feed(self.capacity, await self.registry.take_timings())
         infos = [e for e in await self.registry.engines() if self._switchable(e)]
         if not infos:
             return []

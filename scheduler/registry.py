@@ -18,6 +18,7 @@ from redis.exceptions import WatchError
 
 from scheduler.connection import UNAVAILABLE
 from scheduler.keys import Keys
+from scheduler.timing import TurnTiming
 from wire import EngineInfo, WorkerInfo
 
 
@@ -92,6 +93,28 @@ class Registry:
         for eid in down:
             pipe.set(self.k.engine_down(eid), worker_id, ex=ttl_s)
         await pipe.execute()
+
+    async def report_timing(self, t: TurnTiming, keep: int = 10_000) -> None:
+        """One turn as an engine served it, for the allocator to measure speed from (the newest
+        `keep` are kept: an allocator that is not running costs a bounded list)."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.lpush(self.k.turn_timings, t.dumps())
+        pipe.ltrim(self.k.turn_timings, 0, keep - 1)
+        await pipe.execute()
+
+    async def take_timings(self, most: int = 10_000) -> list[TurnTiming]:
+        """The turns reported since the last call (oldest first), removed as they are read."""
+        pipe = self.r.pipeline(transaction=True)
+        pipe.lrange(self.k.turn_timings, 0, most - 1)
+        pipe.ltrim(self.k.turn_timings, most, -1)
+        raw, _ = await pipe.execute()
+        out = []
+        for v in reversed(raw):
+            try:
+                out.append(TurnTiming.loads(v))
+            except ValueError:
+                continue  # not ours to fail on: one malformed entry is skipped
+        return out
 
     async def report_phases(self, worker_id: str, values: dict[str, int], ttl_s: int = 10) -> None:
         """A worker's live trajectories by phase and its demand forecast (summed by readers)."""

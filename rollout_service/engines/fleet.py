@@ -34,6 +34,7 @@ from rollout_service.tokens import Tokenizer, load_tokenizer
 from scheduler.registry import Registry
 from scheduler.roles import Role
 from scheduler.router import NoEngine, RoleAware, RoutingPolicy
+from scheduler.timing import TurnTiming
 from wire import EngineInfo
 
 log = logging.getLogger(__name__)
@@ -42,8 +43,10 @@ log = logging.getLogger(__name__)
 class Fleet:
     def __init__(self, engines: dict[str, tuple[Engine, str]] | None = None,
                  policy: RoutingPolicy | None = None, attempts: int = 3,
-                 registry: Registry | None = None, refresh_s: float = 2.0):
-        """`engines`: id -> (engine, tokenizer spec), fixed; or `registry` to discover them."""
+                 registry: Registry | None = None, refresh_s: float = 2.0, read_back: bool = True):
+        """`engines`: id -> (engine, tokenizer spec), fixed; or `registry` to discover them.
+        `read_back=False`: a split turn's prefill recomputes the last response (as before the
+        decode engines kept it), for comparison."""
         self._engines: dict[str, tuple[Engine, str]] = dict(engines or {})
         self._infos: dict[str, EngineInfo] = {}  # what each registry-built engine was built from
         self.policy = policy or RoleAware()
@@ -58,6 +61,8 @@ class Fleet:
         # held there for the next prefill to read; bounded, oldest dropped first
         self._held: dict[str, tuple[str, dict]] = {}
         self._max_held = 100_000
+        self.read_back = read_back
+        self._inflight: dict[str, int] = {}  # requests this process has on each engine (a batch size, for timings)
 
     @property
     def engine_ids(self) -> list[str]:
@@ -163,8 +168,12 @@ class Fleet:
         except Exception as e:  # not a registered name nor a loadable tokenizer folder
             raise EngineError(f"engine {eid}: tokenizer {spec!r} cannot be loaded ({type(e).__name__})") from e
 
-    async def generate(self, trajectory_id: str, tokenizer: str, req: GenerateRequest) -> GenerateResult:
-        """Serve one turn, failing over to another engine (same tokenizer) on error."""
+    async def generate(self, trajectory_id: str, tokenizer: str, req: GenerateRequest,
+                       new_tokens: int | None = None) -> GenerateResult:
+        """Serve one turn, failing over to another engine (same tokenizer) on error.
+        `new_tokens`: how much of the prompt is new this turn (the rest was the engine's last
+        time), for the timing the allocator measures speed from; default: all of it."""
+        new_tokens = len(req.prompt_ids) if new_tokens is None else new_tokens
         last: Exception | None = None
         for _ in range(self.attempts):
             await self.refresh()
@@ -175,6 +184,7 @@ class Fleet:
             engine, _ = self._engines[eid]
             cost = len(req.prompt_ids) + req.sampling.max_tokens
             self._load[eid] = self._load.get(eid, 0) + cost
+            self._inflight[eid] = batch = self._inflight.get(eid, 0) + 1
             failed = pid
             try:
                 t0 = time.perf_counter()
@@ -190,7 +200,7 @@ class Fleet:
                     t_prefill, failed = time.perf_counter() - t0, eid
                     res = await engine.generate(dataclasses.replace(req, kv_transfer_params=params))
                     res.prefill_s = t_prefill
-                    if res.kv_transfer_params:
+                    if res.kv_transfer_params and self.read_back:
                         self._hold(trajectory_id, eid, res.kv_transfer_params)
                 else:
                     failed = eid
@@ -202,7 +212,10 @@ class Fleet:
                 continue
             finally:
                 self._load[eid] -= cost
+                self._inflight[eid] -= 1
             if self._registry is not None:
+                await self._report(TurnTiming(eid, new_tokens, len(req.prompt_ids), len(res.output_ids), res.prefill_s,
+                                              res.decode_s, batch, pid != eid))
                 # Label the turn with the version serving when it finished: a weight update
                 # pauses engines mid-request and resumes them on the new weights.
                 info = await self._registry.engine(eid)
@@ -211,6 +224,12 @@ class Fleet:
             return res
         kind = EngineLost if isinstance(last, EngineLost) else EngineError  # every engine unreachable: ours
         raise kind(f"turn failed on {self.attempts} engine attempts: {last}")
+
+    async def _report(self, timing: TurnTiming) -> None:
+        try:
+            await self._registry.report_timing(timing)
+        except Registry.unavailable:  # a measurement lost to a Redis outage, never the turn
+            pass
 
     def _hold(self, trajectory_id: str, engine_id: str, params: dict) -> None:
         if len(self._held) >= self._max_held:

@@ -9,6 +9,7 @@ from scheduler.allocator import AllocatorConfig, Capacity
 from scheduler.forecast import Demand
 from scheduler.pd_control import PDController
 from scheduler.registry import Registry
+from scheduler.timing import TurnTiming
 from wire import EngineInfo
 
 IDS = [f"e{i}" for i in range(8)]
@@ -108,3 +109,26 @@ async def test_only_engines_that_can_serve_every_role_are_moved(redis, keys):
     for eid in ("e6", "e7", "e8"):
         e = await reg.engine(eid)
         assert (e.role, e.state, e.next_role) == ("mixed", "ready", None)
+
+
+async def test_a_measuring_controller_learns_engine_speed_from_reported_turns(redis, keys):
+    """Workers report each turn's timings; the controller takes them once and fits its capacity:
+    a prefill engine's measured rate replaces the prior, decode steps reach the step fit."""
+    reg = Registry(redis, keys)
+    for eid in ("e0", "e1"):
+        await reg.add_engine(EngineInfo(id=eid, url=f"http://127.0.0.1:9/{eid}", can_serve=ALL))
+    for i in range(64):  # 1,000 new tokens in 0.5 s: 2,000 tok/s; 33 tokens decoded in 1.28 s at a batch of 4
+        await reg.report_timing(TurnTiming("e0", 1000, 3000, 33, 0.5, 1.28, 4, True))
+    await reg.report_timing(TurnTiming("e1", 500, 500, 10, 0.1, 0.09, 8, False))  # batched prefill: not a rate
+    ctl = PDController(reg, clock=lambda: 100.0, measure=True)
+    prior, prior_step = ctl.capacity.prefill_rate(), ctl.capacity.step_s(4, 3016)
+    await ctl.step()
+    assert ctl.capacity.samples == 65 and await reg.take_timings() == []
+    assert abs(ctl.capacity.prefill_rate() - 2000) < abs(prior - 2000) and ctl.capacity.prefill_rate() < prior
+    assert abs(prior_step - 0.04) > 0.02 and abs(ctl.capacity.step_s(4, 3016) - 0.04) < 0.004  # measured: 40 ms
+    assert (await PDController(reg, clock=lambda: 100.0).step()) == [] and ctl.capacity.samples == 65
+
+
+def test_turn_timings_survive_the_wire():
+    t = TurnTiming("e0", 10, 20, 3, 0.25, 0.5, 2, True)
+    assert TurnTiming.loads(t.dumps()) == t and TurnTiming.loads(t.dumps().encode()) == t
