@@ -8,6 +8,7 @@ The first run builds the vLLM venv and converts the packaged model (minutes, cac
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,7 +51,10 @@ def two_kv_engines():
     vllm_local.ensure_nixl()
     path = vllm_local.prepare_model("tiny")
     ports = [free_port(), free_port()]
-    procs = [vllm_local.start_server(path, p, "tiny", kv_transfer=True, kv_pull_min_tokens=1) for p in ports]
+    # one core each: two engines spinning OpenMP threads over the same cores crawl
+    cpus = sorted(os.sched_getaffinity(0))
+    procs = [vllm_local.start_server(path, p, "tiny", kv_transfer=True, kv_pull_min_tokens=1, cpus=str(cpus[i % len(cpus)]))
+             for i, p in enumerate(ports)]
     try:
         for p, proc in zip(ports, procs):
             vllm_local.wait_ready(f"http://127.0.0.1:{p}", 600, proc)

@@ -15,7 +15,7 @@ from scheduler.registry import Registry
 from scheduler.store import Work
 from wire import EngineInfo, RolloutRequest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]  # a loaded 2-core machine is slow
 
 
 def prompt_tokens(url: str, source: str) -> float:
