@@ -20,6 +20,7 @@ allocator reads measured rates; without it, the `Capacity` given (a prior) as it
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -49,11 +50,13 @@ class PDController:
         self.allocator: Allocator | None = None
         self._kept_out: set[str] = set()  # engines already logged as not switchable
 
-    def _sync(self, engines: dict[str, str], now: float) -> Allocator:
-        """(Re)build the allocator when the set of engines changes, starting from their roles."""
+    def _sync(self, engines: dict[str, str], now: float, read_back: bool = False) -> Allocator:
+        """(Re)build the allocator when the set of engines changes, starting from their roles.
+        `read_back`: every engine reads a split turn's last response back (no recompute to charge)."""
         a = self.allocator
         if a is None or set(a.engines) != set(engines):
-            a = Allocator(engines, self.capacity, self.config, Layout(0, 0, len(engines)), now)
+            config = dataclasses.replace(self.config or AllocatorConfig(), response_kv_pushed=read_back)
+            a = Allocator(engines, self.capacity, config, Layout(0, 0, len(engines)), now)
             for eid, role in engines.items():  # each engine starts in its published role
                 a.engines[eid] = EngineRole(eid)
                 a.engines[eid].ready(now, Role(role))
@@ -68,7 +71,7 @@ class PDController:
         if not infos:
             return []
         fresh = self.allocator is None or set(self.allocator.engines) != {e.id for e in infos}
-        a = self._sync({e.id: e.role for e in infos}, now)
+        a = self._sync({e.id: e.role for e in infos}, now, all(e.kv_read_back for e in infos))
         if fresh:  # drains an earlier allocator started: finish them toward their published next role
             for e in infos:
                 if e.state != "draining":

@@ -69,9 +69,11 @@ class Registry:
         """Serve `role` from now on (ready)."""
         return await self._update(engine_id, role=role, state="ready", next_role=None)
 
-    async def set_capabilities(self, engine_id: str, can_serve: list[str] | None, kv: str) -> EngineInfo:
-        """What the engine's KV connector allows (`can_serve`, None: could not tell) and, in words, why."""
-        return await self._update(engine_id, can_serve=can_serve, kv=kv)
+    async def set_capabilities(self, engine_id: str, can_serve: list[str] | None, kv: str,
+                               read_back: bool = False) -> EngineInfo:
+        """What the engine's KV connector allows (`can_serve`, None: could not tell), in words why,
+        and whether it keeps a decoded turn's KV for the next prefill to read (`read_back`)."""
+        return await self._update(engine_id, can_serve=can_serve, kv=kv, kv_read_back=read_back)
 
     async def drain(self, engine_id: str, next_role: str | None = None) -> EngineInfo:
         """No new work: the engine finishes what it holds, then takes `next_role` (`set_role`)."""

@@ -46,6 +46,8 @@ class EngineInfo(Input):
     kv: str | None = Field(None, max_length=300,
                            description="What detection found, in words (e.g. 'NixlConnector kv_both, response KV read "
                                        "back'); None: not asked yet.")
+    kv_read_back: bool = Field(False, description="As a decode engine it keeps a turn's KV for the next turn's "
+                                                  "prefill engine to read (no recompute of the response).")
 
 
 class EngineRoleUpdate(Input):

@@ -132,7 +132,7 @@ class Fleet:
             try:
                 caps = await ask()
                 info = await self._registry.set_capabilities(
-                    eid, list(caps.can_serve) if caps.can_serve is not None else None, caps.kv)
+                    eid, list(caps.can_serve) if caps.can_serve is not None else None, caps.kv, caps.reads_back)
             except (EngineError, KeyError) as e:  # down or removed meanwhile: the next probe asks again
                 log.info("engine %s: roles not detected yet: %s", eid, e)
                 continue

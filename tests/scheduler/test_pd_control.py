@@ -132,3 +132,15 @@ async def test_a_measuring_controller_learns_engine_speed_from_reported_turns(re
 def test_turn_timings_survive_the_wire():
     t = TurnTiming("e0", 10, 20, 3, 0.25, 0.5, 2, True)
     assert TurnTiming.loads(t.dumps()) == t and TurnTiming.loads(t.dumps().encode()) == t
+
+
+async def test_the_allocator_charges_no_recompute_where_every_engine_reads_the_response_back(redis, keys):
+    reg = Registry(redis, keys)
+    for eid in IDS[:2]:
+        await reg.add_engine(EngineInfo(id=eid, url=f"http://127.0.0.1:9/{eid}", can_serve=ALL, kv_read_back=True))
+    ctl = PDController(reg, additive(), AllocatorConfig(dwell_s=0), clock=lambda: 100.0)
+    await ctl.step()
+    assert ctl.allocator.config.response_kv_pushed and not ctl.config.response_kv_pushed
+    await reg.add_engine(EngineInfo(id="e2", url="http://127.0.0.1:9/e2", can_serve=ALL))  # one that cannot
+    await ctl.step()
+    assert not ctl.allocator.config.response_kv_pushed
