@@ -133,7 +133,7 @@ async def test_allocator_switches_roles_when_the_workload_shifts_and_loses_no_tu
         await wait_for(lambda: _all_detected(reg), 120, "the worker to detect what the engines can serve")
         # long observations: prefill-bound, both engines prefill (colocated); two batches, so the
         # worker stays full through the first one's end
-        batches += [(await queue.enqueue(batch(8, LONG, f"long{k}"))).batch_id for k in range(2)]
+        batches += [(await queue.enqueue(batch(8, LONG, f"long{k}"))).id for k in range(2)]
         await wait_for(lambda: finished(batches[0]), 1800, "the first batch of long observations")
         assert not ctl.allocator.history, f"moved while observations were long: {demand[-5:]}"
         assert all(set(r.values()) == {"mixed"} for r in roles_seen)
@@ -142,7 +142,7 @@ async def test_allocator_switches_roles_when_the_workload_shifts_and_loses_no_tu
         k = 0
         while not any(set(r.values()) == {"prefill", "decode"} for r in roles_seen):
             assert k < 12, f"no switch after {k} batches of short observations: {demand[-5:]}"
-            batches.append((await queue.enqueue(batch(8, SHORT, f"short{k}"))).batch_id)
+            batches.append((await queue.enqueue(batch(8, SHORT, f"short{k}"))).id)
             await wait_for(lambda: finished(batches[-1]), 1800, f"short batch {k}")
             k += 1
         switched = [(m.engine, m.old.value, m.new.value) for _, m in ctl.allocator.history]
@@ -154,7 +154,7 @@ async def test_allocator_switches_roles_when_the_workload_shifts_and_loses_no_tu
 
         await wait_for(worker_follows, 60, "the worker to follow the new roles")
         # and one batch after the switch: its turns run split (decode on the decode engine)
-        batches.append((await queue.enqueue(batch(8, SHORT, "after"))).batch_id)
+        batches.append((await queue.enqueue(batch(8, SHORT, "after"))).id)
         await wait_for(lambda: finished(batches[-1]), 1800, "the batch after the switch")
     finally:
         stop.set()
