@@ -144,3 +144,11 @@ async def test_the_allocator_charges_no_recompute_where_every_engine_reads_the_r
     await reg.add_engine(EngineInfo(id="e2", url="http://127.0.0.1:9/e2", can_serve=ALL))  # one that cannot
     await ctl.step()
     assert not ctl.allocator.config.response_kv_pushed
+
+
+def test_the_responses_learned_travel_with_the_report():
+    """A live allocator with `min_observed` reads how much the forecasters have learned from the
+    workers' summed reports (it once read 0 and never moved)."""
+    d = Demand(10.0, 100, 50, 4, 20.0, turns=4, live=4, mean_response=5, observed=7)
+    twice = {k: 2 * v for k, v in d.report().items()}
+    assert Demand.from_report(twice, 10.0).observed == 14
