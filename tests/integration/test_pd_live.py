@@ -107,10 +107,11 @@ async def test_allocator_switches_roles_when_the_workload_shifts_and_loses_no_tu
     for i, url in enumerate(two_kv_engines.urls):
         await reg.add_engine(EngineInfo(id=f"e{i}", url=url, model="tiny", tokenizer=two_kv_engines.tokenizer))
     worker = Worker(queue, store, Fleet(registry=reg), LocalEnvs(), concurrency=8, poll_s=0.01, registry=reg)
-    # dwell: once moved, an engine keeps its role for the rest of the test; min_observed: no move
-    # before the forecaster has seen a response per live trajectory (its first guesses are prior)
+    # min_observed: no move before the forecasters have learned from a response per live
+    # trajectory (their first guesses are prior); dwell_s (the default 30 s) also keeps a just-
+    # built allocator from moving anything in its first 30 s
     stall = Capacity(prefill_tok_s=20_000, step=[0.010, 1e-4, 4e-8, 5e-5, 0.020])  # a prefill-carrying step: +20 ms
-    ctl = PDController(reg, stall, AllocatorConfig(dwell_s=3600.0, min_observed=1.0), horizon_s=10.0)
+    ctl = PDController(reg, stall, AllocatorConfig(dwell_s=30.0, min_observed=1.0), horizon_s=10.0)
     stop = asyncio.Event()
     roles_seen: list[dict[str, str]] = []
     demand: list[dict[str, int]] = []  # what the workers reported, for a failure's message
