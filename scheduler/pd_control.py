@@ -55,7 +55,11 @@ class PDController:
         `read_back`: every engine reads a split turn's last response back (no recompute to charge)."""
         a = self.allocator
         if a is None or set(a.engines) != set(engines):
-            config = dataclasses.replace(self.config or AllocatorConfig(), response_kv_pushed=read_back)
+            # every engine here can serve every role, so a role is only routing: a move to decode or
+            # mixed takes effect at once (a move to prefill still drains its decodes first); with two
+            # engines, draining one toward decode would leave nothing decoding, so no split was reachable
+            config = dataclasses.replace(self.config or AllocatorConfig(), response_kv_pushed=read_back,
+                                         routing_only=True)
             a = Allocator(engines, self.capacity, config, Layout(0, 0, len(engines)), now)
             for eid, role in engines.items():  # each engine starts in its published role
                 a.engines[eid] = EngineRole(eid)
@@ -89,6 +93,10 @@ class PDController:
         d = Demand.from_report(await self.registry.phases(), self.horizon_s)
         moves = a.allocate(d, {e: tokens / self.drain_tok_s for e, (tokens, _) in loads.items()}, now)
         for m in moves:
+            if a.engines[m.engine].accepts:  # routing only: it serves the new role at once
+                await self.registry.set_role(m.engine, m.new.value)
+                log.info("engine switched role", extra={"engine": m.engine, "from": m.old.value, "to": m.new.value})
+                continue
             await self.registry.drain(m.engine, m.new.value)
             log.info("engine draining for a new role", extra={"engine": m.engine, "from": m.old.value,
                                                               "to": m.new.value})

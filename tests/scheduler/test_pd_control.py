@@ -152,3 +152,24 @@ def test_the_responses_learned_travel_with_the_report():
     d = Demand(10.0, 100, 50, 4, 20.0, turns=4, live=4, mean_response=5, observed=7)
     twice = {k: 2 * v for k, v in d.report().items()}
     assert Demand.from_report(twice, 10.0).observed == 14
+
+
+async def test_two_engines_reach_a_split_without_a_moment_when_nothing_decodes(redis, keys):
+    """Roles are routing on engines that serve every role: the one bound for decode switches at
+    once, the one bound for prefill drains first. (Draining both left nothing to decode, so two
+    engines could never split.)"""
+    reg = Registry(redis, keys)
+    for eid in IDS[:2]:
+        await reg.add_engine(EngineInfo(id=eid, url=f"http://127.0.0.1:9/{eid}", can_serve=ALL))
+    short_turns = {"forecast:prefill_tokens": 52, "forecast:decode_tokens": 16, "forecast:decode_seqs": 4,
+                   "forecast:context_tokens": 252, "forecast:turns": 4, "forecast:live": 4,
+                   "forecast:response_tokens": 16, "forecast:observed": 100}
+    await reg.report_phases("w0", short_turns)
+    now = [100.0]
+    ctl = PDController(reg, additive(), AllocatorConfig(dwell_s=0, confirm=1), clock=lambda: now[0])
+    for _ in range(6):
+        await ctl.step()
+        infos = await reg.engines()
+        assert any(e.state == "ready" and e.role in ("decode", "mixed") for e in infos)
+        now[0] += 1.0
+    assert sorted(e.role for e in await reg.engines()) == ["decode", "prefill"]
