@@ -118,7 +118,7 @@ async def _loop(traj: Trajectory, work: Work, fleet: Fleet, envs: EnvBackend, at
             req = GenerateRequest(context + delta, sampling, f"{traj.id}-{attempt}-{index}", [tok.eos_id])
             t_send = time.monotonic()
             lc.on_prefill(traj.id, len(delta))
-            res = await fleet.generate(traj.id, tok_spec, req)
+            res = await fleet.generate(traj.id, tok_spec, req, len(delta))
             lc.on_tool(traj.id, len(res.output_ids))  # no first-token signal without streaming
             turn, action = record_turn(traj, delta, res, tok, segment, time.monotonic() - t_send)
             context += delta + res.output_ids

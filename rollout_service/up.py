@@ -237,22 +237,41 @@ def run(args, console) -> None:
 
         engine_url, model, tokenizer = args.engine_url, args.model, args.tokenizer
         kind = "external" if engine_url else _engine_kind(args.engine, console)
+        # prefill/decode allocation needs engines to move between: two by default, each able to
+        # hand KV over (the simulated engine models the hand-over; a local vLLM gets NixlConnector)
+        n = 1 if kind == "external" else (args.engines or (2 if args.pd_allocation else 1))
+        urls = [engine_url] if kind == "external" else []
         if kind == "vllm":
             from rollout_service.local import vllm_local
 
-            eport = free_port()
+            if args.pd_allocation:
+                vllm_local.ensure_nixl(lambda line: None)
             mdir = vllm_local.model_dir(args.vllm_model)
-            argv, venv = vllm_local.serve_command(mdir, eport, args.vllm_model)
-            engine_url, model, tokenizer = f"http://127.0.0.1:{eport}", args.vllm_model, str(mdir)
-            sup.add(Child(f"engine (vLLM, {args.vllm_model}, CPU)", argv, {**env, **venv}, f"{engine_url}/health",
-                          log=logs / "vllm.log", component="engine"), timeout=300)
+            model, tokenizer = args.vllm_model, str(mdir)
+            cpus = sorted(os.sched_getaffinity(0))
+            for i in range(n):
+                eport = free_port()
+                # several engines: each its own cores (OpenMP threads of two engines on the same
+                # cores spin against each other); one engine: all of them
+                mine = ",".join(str(c) for c in cpus[i::n]) if 1 < n <= len(cpus) else None
+                argv, venv = vllm_local.serve_command(mdir, eport, args.vllm_model, kv_transfer=args.pd_allocation,
+                                                      cpus=mine)
+                urls.append(f"http://127.0.0.1:{eport}")
+                sup.add(Child(f"engine {i} (vLLM, {args.vllm_model}, CPU)", argv, {**env, **venv}, f"{urls[-1]}/health",
+                              log=logs / ("vllm.log" if i == 0 else f"vllm-{i}.log"),
+                              component="engine" if i == 0 else f"engine-{i}"), timeout=300)
         elif kind == "sim":
-            eport = free_port()
-            engine_url, tokenizer = f"http://127.0.0.1:{eport}", "byte"
-            sup.add(Child("engine (simulated)", self_cmd("sim-engine", "--port", str(eport), "--time-scale",
-                                                         str(args.sim_time_scale)),
-                          env, f"{engine_url}/health", log=logs / "engine.log", component="engine"))
-        books = Bookkeeper(redis_url, s.key_prefix, [_engine_info("engine-0", engine_url, model, tokenizer)])
+            tokenizer = "byte"
+            for i in range(n):
+                eport = free_port()
+                urls.append(f"http://127.0.0.1:{eport}")
+                sup.add(Child(f"engine {i} (simulated)", self_cmd("sim-engine", "--port", str(eport), "--time-scale",
+                                                                  str(args.sim_time_scale)),
+                              env, f"{urls[-1]}/health", log=logs / ("engine.log" if i == 0 else f"engine-{i}.log"),
+                              component="engine" if i == 0 else f"engine-{i}"))
+        engine_url = urls[0]
+        books = Bookkeeper(redis_url, s.key_prefix,
+                           [_engine_info(f"engine-{i}", url, model, tokenizer) for i, url in enumerate(urls)])
         books.register()
 
         # The `judge` env asks the policy engine unless told otherwise ($ROLLOUT_JUDGE_URL):

@@ -132,7 +132,9 @@ class Demand:
         return {"forecast:prefill_tokens": round(self.prefill_tokens), "forecast:decode_tokens":
                 round(self.decode_tokens), "forecast:decode_seqs": round(self.decode_seqs),
                 "forecast:context_tokens": round(self.mean_context * self.live), "forecast:turns": round(self.turns),
-                "forecast:live": self.live, "forecast:response_tokens": round(self.mean_response * self.live)}
+                "forecast:live": self.live, "forecast:response_tokens": round(self.mean_response * self.live),
+                # without it a live allocator read 0 responses learned and `min_observed` held every move
+                "forecast:observed": self.observed}
 
     @classmethod
     def from_report(cls, report: dict[str, int], horizon_s: float) -> Demand:
@@ -141,10 +143,11 @@ class Demand:
         live = max(f["live"], 1.0)
         return cls(horizon_s=horizon_s, prefill_tokens=f["prefill_tokens"], decode_tokens=f["decode_tokens"],
                    decode_seqs=f["decode_seqs"], mean_context=f["context_tokens"] / live, turns=f["turns"],
-                   live=int(f["live"]), mean_response=f["response_tokens"] / live)
+                   live=int(f["live"]), mean_response=f["response_tokens"] / live, observed=int(f["observed"]))
 
 
-_REPORTED = ("prefill_tokens", "decode_tokens", "decode_seqs", "context_tokens", "turns", "live", "response_tokens")
+_REPORTED = ("prefill_tokens", "decode_tokens", "decode_seqs", "context_tokens", "turns", "live", "response_tokens",
+             "observed")
 
 
 @dataclass(slots=True)

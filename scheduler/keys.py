@@ -127,6 +127,11 @@ class Keys:
         return f"{self.prefix}engine:{eid}:down"
 
     @property
+    def turn_timings(self) -> str:
+        """Recent turns' engine timings (a capped list): what the allocator measures speed from."""
+        return f"{self.prefix}timings"
+
+    @property
     def workers(self) -> str:
         return f"{self.prefix}workers"
 

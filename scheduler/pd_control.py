@@ -7,14 +7,20 @@ registry. An engine being moved is published in state `draining`, so routers sen
 new; once its in-flight tokens reach zero it takes its new role. Workers follow the
 registry within a refresh (2 s).
 
-Run one per deployment (`rollout allocator`, or `rollout up --pd-allocation`). It needs
-engines served with a KV connector (`rollout engine serve ... --kv-transfer`).
-Non-goals: measuring engine speed live; the capacity model is the allocator's prior.
+Run one per deployment (`rollout allocator`, or `rollout up --pd-allocation`). It moves only
+engines that said they can serve every role (`EngineInfo.can_serve`, which workers detect from
+each engine's KV connector: `kv_both` today, deprecated upstream); any other engine keeps its
+role and is named in the log once, so nothing depends on `kv_both` silently.
+
+Capacity: with `measure` (as `rollout allocator` runs it) the step model is fitted to the turns
+workers report (`scheduler.timing`: vLLM's per-request prefill and decode seconds), so the
+allocator reads measured rates; without it, the `Capacity` given (a prior) as it is.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -23,24 +29,38 @@ from scheduler.allocator import Allocator, AllocatorConfig, Capacity, Layout, Mo
 from scheduler.forecast import Demand
 from scheduler.registry import Registry
 from scheduler.roles import EngineRole, Role
+from scheduler.timing import feed
 
 log = logging.getLogger(__name__)
 
 class PDController:
     def __init__(self, registry: Registry, capacity: Capacity | None = None, config: AllocatorConfig | None = None,
-                 horizon_s: float = 10.0, drain_tok_s: float = 2_000.0, clock: Callable[[], float] = time.monotonic):
+                 horizon_s: float = 10.0, drain_tok_s: float = 2_000.0, clock: Callable[[], float] = time.monotonic,
+                 measure: bool = False):
+        """`measure`: teach the capacity from the turns workers report (`scheduler.timing`), so the
+        allocator decides on measured rates; otherwise it keeps `capacity` (a prior) as given."""
         self.registry = registry
+        self.measure = measure
+        if measure and capacity is None:
+            capacity = Capacity()
         self.capacity, self.config = capacity, config
         self.horizon_s = horizon_s
         self.drain_tok_s = drain_tok_s  # assumed rate an engine works off its in-flight tokens
         self.clock = clock
         self.allocator: Allocator | None = None
+        self._kept_out: set[str] = set()  # engines already logged as not switchable
 
-    def _sync(self, engines: dict[str, str], now: float) -> Allocator:
-        """(Re)build the allocator when the set of engines changes, starting from their roles."""
+    def _sync(self, engines: dict[str, str], now: float, read_back: bool = False) -> Allocator:
+        """(Re)build the allocator when the set of engines changes, starting from their roles.
+        `read_back`: every engine reads a split turn's last response back (no recompute to charge)."""
         a = self.allocator
         if a is None or set(a.engines) != set(engines):
-            a = Allocator(engines, self.capacity, self.config, Layout(0, 0, len(engines)), now)
+            # every engine here can serve every role, so a role is only routing: a move to decode or
+            # mixed takes effect at once (a move to prefill still drains its decodes first); with two
+            # engines, draining one toward decode would leave nothing decoding, so no split was reachable
+            config = dataclasses.replace(self.config or AllocatorConfig(), response_kv_pushed=read_back,
+                                         routing_only=True)
+            a = Allocator(engines, self.capacity, config, Layout(0, 0, len(engines)), now)
             for eid, role in engines.items():  # each engine starts in its published role
                 a.engines[eid] = EngineRole(eid)
                 a.engines[eid].ready(now, Role(role))
@@ -49,11 +69,13 @@ class PDController:
 
     async def step(self) -> list[Move]:
         now = self.clock()
-        infos = await self.registry.engines()
+        if self.measure:
+            feed(self.capacity, await self.registry.take_timings())
+        infos = [e for e in await self.registry.engines() if self._switchable(e)]
         if not infos:
             return []
         fresh = self.allocator is None or set(self.allocator.engines) != {e.id for e in infos}
-        a = self._sync({e.id: e.role for e in infos}, now)
+        a = self._sync({e.id: e.role for e in infos}, now, all(e.kv_read_back for e in infos))
         if fresh:  # drains an earlier allocator started: finish them toward their published next role
             for e in infos:
                 if e.state != "draining":
@@ -71,10 +93,24 @@ class PDController:
         d = Demand.from_report(await self.registry.phases(), self.horizon_s)
         moves = a.allocate(d, {e: tokens / self.drain_tok_s for e, (tokens, _) in loads.items()}, now)
         for m in moves:
+            if a.engines[m.engine].accepts:  # routing only: it serves the new role at once
+                await self.registry.set_role(m.engine, m.new.value)
+                log.info("engine switched role", extra={"engine": m.engine, "from": m.old.value, "to": m.new.value})
+                continue
             await self.registry.drain(m.engine, m.new.value)
             log.info("engine draining for a new role", extra={"engine": m.engine, "from": m.old.value,
                                                               "to": m.new.value})
         return moves
+
+    def _switchable(self, e) -> bool:
+        ok = e.can_serve is not None and {r.value for r in Role} <= set(e.can_serve)
+        if not ok and e.id not in self._kept_out:
+            self._kept_out.add(e.id)
+            log.warning("engine kept out of allocation: it cannot serve every role",
+                        extra={"engine": e.id, "can_serve": e.can_serve, "kv": e.kv or "not detected yet"})
+        elif ok:
+            self._kept_out.discard(e.id)
+        return ok
 
     async def run(self, stop: asyncio.Event, every_s: float = 5.0) -> None:
         while not stop.is_set():

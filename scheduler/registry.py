@@ -14,9 +14,11 @@ import random
 import time
 
 import redis.asyncio as aioredis
+from redis.exceptions import WatchError
 
 from scheduler.connection import UNAVAILABLE
 from scheduler.keys import Keys
+from scheduler.timing import TurnTiming
 from wire import EngineInfo, WorkerInfo
 
 
@@ -42,12 +44,23 @@ class Registry:
         return EngineInfo.model_validate_json(raw) if raw else None
 
     async def _update(self, engine_id: str, **fields) -> EngineInfo:
-        info = await self.engine(engine_id)
-        if info is None:
-            raise KeyError(engine_id)
-        info = info.model_copy(update=fields)
-        await self.add_engine(info)
-        return info
+        """Change some fields of one engine, atomically: the allocator's role changes, workers'
+        capability reports and weight updates write the same record, and a plain read-then-write
+        could put back what another writer just changed."""
+        async with self.r.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    await pipe.watch(self.k.engines)
+                    raw = await pipe.hget(self.k.engines, engine_id)
+                    if not raw:
+                        raise KeyError(engine_id)
+                    info = EngineInfo.model_validate_json(raw).model_copy(update=fields)
+                    pipe.multi()
+                    pipe.hset(self.k.engines, engine_id, info.model_dump_json())
+                    await pipe.execute()
+                    return info
+                except WatchError:
+                    continue  # another engine's record changed meanwhile: read again
 
     async def set_policy_version(self, engine_id: str, version: int, model: str | None = None) -> None:
         await self._update(engine_id, policy_version=version, **({"model": model} if model else {}))
@@ -55,6 +68,12 @@ class Registry:
     async def set_role(self, engine_id: str, role: str) -> EngineInfo:
         """Serve `role` from now on (ready)."""
         return await self._update(engine_id, role=role, state="ready", next_role=None)
+
+    async def set_capabilities(self, engine_id: str, can_serve: list[str] | None, kv: str,
+                               read_back: bool = False) -> EngineInfo:
+        """What the engine's KV connector allows (`can_serve`, None: could not tell), in words why,
+        and whether it keeps a decoded turn's KV for the next prefill to read (`read_back`)."""
+        return await self._update(engine_id, can_serve=can_serve, kv=kv, kv_read_back=read_back)
 
     async def drain(self, engine_id: str, next_role: str | None = None) -> EngineInfo:
         """No new work: the engine finishes what it holds, then takes `next_role` (`set_role`)."""
@@ -76,6 +95,28 @@ class Registry:
         for eid in down:
             pipe.set(self.k.engine_down(eid), worker_id, ex=ttl_s)
         await pipe.execute()
+
+    async def report_timing(self, t: TurnTiming, keep: int = 10_000) -> None:
+        """One turn as an engine served it, for the allocator to measure speed from (the newest
+        `keep` are kept: an allocator that is not running costs a bounded list)."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.lpush(self.k.turn_timings, t.dumps())
+        pipe.ltrim(self.k.turn_timings, 0, keep - 1)
+        await pipe.execute()
+
+    async def take_timings(self, most: int = 10_000) -> list[TurnTiming]:
+        """The turns reported since the last call (oldest first), removed as they are read."""
+        pipe = self.r.pipeline(transaction=True)
+        pipe.lrange(self.k.turn_timings, 0, most - 1)
+        pipe.ltrim(self.k.turn_timings, most, -1)
+        raw, _ = await pipe.execute()
+        out = []
+        for v in reversed(raw):
+            try:
+                out.append(TurnTiming.loads(v))
+            except ValueError:
+                continue  # not ours to fail on: one malformed entry is skipped
+        return out
 
     async def report_phases(self, worker_id: str, values: dict[str, int], ttl_s: int = 10) -> None:
         """A worker's live trajectories by phase and its demand forecast (summed by readers)."""

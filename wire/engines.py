@@ -40,6 +40,14 @@ class EngineInfo(Input):
     next_role: Literal["prefill", "decode", "mixed"] | None = Field(
         None, description="While draining: the role it takes once it holds nothing (kept here, not only in the "
                           "allocator, so an allocator that restarts finishes the move).")
+    can_serve: list[Literal["prefill", "decode", "mixed"]] | None = Field(
+        None, description="The roles its KV connector allows, as detected from the engine (workers ask it; None: "
+                          "not asked yet). Only an engine that can serve every role takes part in allocation.")
+    kv: str | None = Field(None, max_length=300,
+                           description="What detection found, in words (e.g. 'NixlConnector kv_both, response KV read "
+                                       "back'); None: not asked yet.")
+    kv_read_back: bool = Field(False, description="As a decode engine it keeps a turn's KV for the next turn's "
+                                                  "prefill engine to read (no recompute of the response).")
 
 
 class EngineRoleUpdate(Input):

@@ -76,7 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--vllm-model", default="smollm2", choices=["smollm2", "tiny"],
                     help="model for --engine vllm (default smollm2)")
     sp.add_argument("--pd-allocation", action="store_true",
-                    help="run the prediction-guided prefill/decode allocator (engines need a KV connector)")
+                    help="run the prediction-guided prefill/decode allocator beside --engines engines (default 2), "
+                         "each served with a KV connector (a local vLLM: NixlConnector, installed on first use)")
+    sp.add_argument("--engines", type=int, default=None,
+                    help="engines to start (simulated or local vLLM; default 1, 2 with --pd-allocation)")
     sp.add_argument("--sim-time-scale", type=float, default=1.0,
                     help="simulated engine: multiply its modelled GPU time by this (0 = instant; default 1)")
     sp.set_defaults(fn=cmd_up)

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from rollout_service.engines.capabilities import Capabilities
 from wire import SamplingParams
 
 
@@ -68,6 +69,9 @@ class Engine(Protocol):
     async def prefill(self, req: GenerateRequest) -> dict: ...
 
     async def health(self) -> bool: ...
+
+    async def capabilities(self) -> Capabilities:
+        """The prefill/decode roles it can serve (`engines.capabilities`)."""
 
     async def update_weights(self, path: str, lora_name: str | None, loaded: Callable[[], Awaitable[None]]) -> None:
         """Swap in new weights; await `loaded()` once they serve, before requests resume."""

@@ -9,6 +9,13 @@ Engines carry a role (registry: prefill | decode | mixed). When the policy route
 prefill and decode to different engines, the prefill engine computes the KV and hands it
 over through vLLM's `kv_transfer_params` protocol (NixlConnector); the decode engine samples.
 
+A decode engine that keeps a finished turn's KV (vLLM's `bidirectional_kv_xfer`) answers with
+`kv_transfer_params` for it; the fleet hands them to the trajectory's next prefill on another
+engine, which reads that KV back instead of recomputing the last response (only what is new is
+prefilled, as on a colocated engine). An engine's roles are asked of it once it is seen
+(`capabilities`) and written to the registry, so an engine that cannot hand KV over or take it
+is never silently given a role it cannot serve.
+
 The registry is the one source of every engine's kind, role and policy version; the fleet
 keeps a cache of it (`refresh`, every `refresh_s`), rebuilt from it at any time, and hands
 the roles to the routing policy on each call. Engines are built by kind (`engines.make_engine`).
@@ -28,6 +35,7 @@ from rollout_service.tokens import Tokenizer, load_tokenizer
 from scheduler.registry import Registry
 from scheduler.roles import Role
 from scheduler.router import NoEngine, RoleAware, RoutingPolicy
+from scheduler.timing import TurnTiming
 from wire import EngineInfo
 
 log = logging.getLogger(__name__)
@@ -36,8 +44,10 @@ log = logging.getLogger(__name__)
 class Fleet:
     def __init__(self, engines: dict[str, tuple[Engine, str]] | None = None,
                  policy: RoutingPolicy | None = None, attempts: int = 3,
-                 registry: Registry | None = None, refresh_s: float = 2.0):
-        """`engines`: id -> (engine, tokenizer spec), fixed; or `registry` to discover them."""
+                 registry: Registry | None = None, refresh_s: float = 2.0, read_back: bool = True):
+        """`engines`: id -> (engine, tokenizer spec), fixed; or `registry` to discover them.
+        `read_back=False`: a split turn's prefill recomputes the last response (as before the
+        decode engines kept it), for comparison."""
         self._engines: dict[str, tuple[Engine, str]] = dict(engines or {})
         self._infos: dict[str, EngineInfo] = {}  # what each registry-built engine was built from
         self.policy = policy or RoleAware()
@@ -48,6 +58,12 @@ class Fleet:
         self._refreshed = 0.0
         self._load: dict[str, int] = {e: 0 for e in self._engines}
         self._down: set[str] = set()
+        # trajectory -> (decode engine, the kv_transfer_params it answered): its last turn's KV,
+        # held there for the next prefill to read; bounded, oldest dropped first
+        self._held: dict[str, tuple[str, dict]] = {}
+        self._max_held = 100_000
+        self.read_back = read_back
+        self._inflight: dict[str, int] = {}  # requests this process has on each engine (a batch size, for timings)
 
     @property
     def engine_ids(self) -> list[str]:
@@ -76,8 +92,15 @@ class Fleet:
                 self._engines[info.id], self._infos[info.id] = (engine, info.tokenizer), info
                 self._load.setdefault(info.id, 0)
             self._engines[info.id][0].policy_version = info.policy_version
+            self._infos[info.id] = info
             if info.state == "draining":  # finishing what it holds before a new role: nothing new
                 self._roles.pop(info.id, None)
+            elif info.can_serve is not None and info.role not in info.can_serve:
+                # a role its KV connector does not allow (set by hand, or before detection): serve
+                # colocated, and say so (`rollout engines` shows what it can serve)
+                if self._roles.get(info.id) is not Role.mixed:
+                    log.warning("engine %s cannot serve role %s (%s): serving mixed", info.id, info.role, info.kv)
+                self._roles[info.id] = Role.mixed
             else:
                 self._roles[info.id] = Role(info.role)
         for gone in set(self._engines) - {i.id for i in infos if i.id in self._infos}:
@@ -99,6 +122,23 @@ class Fleet:
         ok = await asyncio.gather(*(self._engines[e][0].health() for e in ids), return_exceptions=True)
         for eid, healthy in zip(ids, ok):
             (self._down.discard if healthy is True else self._down.add)(eid)
+        await self._detect([e for e in ids if e not in self._down and e in self._infos and self._infos[e].kv is None])
+
+    async def _detect(self, ids: list[str]) -> None:
+        """Ask engines not asked yet which roles they can serve; record it in the registry."""
+        for eid in ids:
+            ask = getattr(self._engines[eid][0], "capabilities", None)
+            if ask is None or self._registry is None:
+                continue
+            try:
+                caps = await ask()
+                info = await self._registry.set_capabilities(
+                    eid, list(caps.can_serve) if caps.can_serve is not None else None, caps.kv, caps.reads_back)
+            except (EngineError, KeyError) as e:  # down or removed meanwhile: the next probe asks again
+                log.info("engine %s: roles not detected yet: %s", eid, e)
+                continue
+            self._infos[eid] = info
+            log.info("engine %s can serve %s (%s)", eid, caps.can_serve, caps.kv)
 
     def loads(self) -> dict[str, int]:
         """In-flight tokens (prompt + max new) this process has on each engine."""
@@ -129,8 +169,12 @@ class Fleet:
         except Exception as e:  # not a registered name nor a loadable tokenizer folder
             raise EngineError(f"engine {eid}: tokenizer {spec!r} cannot be loaded ({type(e).__name__})") from e
 
-    async def generate(self, trajectory_id: str, tokenizer: str, req: GenerateRequest) -> GenerateResult:
-        """Serve one turn, failing over to another engine (same tokenizer) on error."""
+    async def generate(self, trajectory_id: str, tokenizer: str, req: GenerateRequest,
+                       new_tokens: int | None = None) -> GenerateResult:
+        """Serve one turn, failing over to another engine (same tokenizer) on error.
+        `new_tokens`: how much of the prompt is new this turn (the rest was the engine's last
+        time), for the timing the allocator measures speed from; default: all of it."""
+        new_tokens = len(req.prompt_ids) if new_tokens is None else new_tokens
         last: Exception | None = None
         for _ in range(self.attempts):
             await self.refresh()
@@ -141,18 +185,24 @@ class Fleet:
             engine, _ = self._engines[eid]
             cost = len(req.prompt_ids) + req.sampling.max_tokens
             self._load[eid] = self._load.get(eid, 0) + cost
+            self._inflight[eid] = batch = self._inflight.get(eid, 0) + 1
             failed = pid
             try:
                 t0 = time.perf_counter()
+                held = self._held.pop(trajectory_id, None)
                 if pid != eid:  # disaggregated: prefill on pid, KV handed over, decode on eid
                     self._load[pid] = self._load.get(pid, 0) + len(req.prompt_ids)
+                    # the last turn's KV, kept by the engine that decoded it: read back, not recomputed
+                    back = held[1] if held is not None and held[0] != pid else None
                     try:
-                        params = await self._engines[pid][0].prefill(req)
+                        params = await self._engines[pid][0].prefill(dataclasses.replace(req, kv_transfer_params=back))
                     finally:
                         self._load[pid] -= len(req.prompt_ids)
                     t_prefill, failed = time.perf_counter() - t0, eid
                     res = await engine.generate(dataclasses.replace(req, kv_transfer_params=params))
                     res.prefill_s = t_prefill
+                    if res.kv_transfer_params and self.read_back:
+                        self._hold(trajectory_id, eid, res.kv_transfer_params)
                 else:
                     failed = eid
                     res = await engine.generate(req)
@@ -163,6 +213,10 @@ class Fleet:
                 continue
             finally:
                 self._load[eid] -= cost
+                self._inflight[eid] -= 1
+            if self._registry is not None:
+                await self._report(TurnTiming(eid, new_tokens, len(req.prompt_ids), len(res.output_ids), res.prefill_s,
+                                              res.decode_s, batch, pid != eid))
             await self._label(eid, engine, res)
             return res
         kind = EngineLost if isinstance(last, EngineLost) else EngineError  # every engine unreachable: ours
@@ -222,8 +276,20 @@ class Fleet:
             if info is not None and info.policy_version != res.policy_version:
                 engine.policy_version = res.policy_version = info.policy_version
 
+    async def _report(self, timing: TurnTiming) -> None:
+        try:
+            await self._registry.report_timing(timing)
+        except Registry.unavailable:  # a measurement lost to a Redis outage, never the turn
+            pass
+
+    def _hold(self, trajectory_id: str, engine_id: str, params: dict) -> None:
+        if len(self._held) >= self._max_held:
+            self._held.pop(next(iter(self._held)))
+        self._held[trajectory_id] = (engine_id, params)
+
     def forget(self, trajectory_id: str) -> None:
         self.policy.forget(trajectory_id)
+        self._held.pop(trajectory_id, None)
 
     async def aclose(self) -> None:
         for eng, _ in self._engines.values():

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from rollout_service.engines.base import GenerateRequest, GenerateResult, TokenDelta
+from rollout_service.engines.capabilities import Capabilities, from_kv_config
 from rollout_service.tokens import ByteTokenizer
 from rollout_service.turns import first_stop
 
@@ -164,6 +165,9 @@ class SimEngine:
 
     async def health(self) -> bool:
         return True
+
+    async def capabilities(self) -> Capabilities:
+        return from_kv_config({"kv_connector": "SimulatedConnector", "kv_role": "kv_both"})
 
     async def update_weights(self, path: str, lora_name: str | None, loaded) -> None:
         """New "weights" reseed the simulated policy (as `sim_server` does over HTTP)."""

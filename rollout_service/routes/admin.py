@@ -14,7 +14,7 @@ from wire import (
     WeightUpdateResult,
     WorkerInfo,
 )
-from wire.errors import NotFound
+from wire.errors import Conflict, NotFound
 
 router = APIRouter(prefix="/v1", tags=["admin"], dependencies=[Depends(admin)],
                    responses={401: {"model": ErrorResponse}, 403: {"model": ErrorResponse},
@@ -43,9 +43,17 @@ async def register_engine(request: Request, body: EngineInfo) -> EngineInfo:
 @router.put("/engines/{engine_id}/role", response_model=EngineInfo)
 async def set_engine_role(request: Request, engine_id: str, body: EngineRoleUpdate) -> EngineInfo:
     """Make an engine take prefills, decodes, or both. Workers follow within seconds; every
-    engine must serve with a KV connector for a prefill/decode split to work."""
+    engine must serve with a KV connector for a prefill/decode split to work: a role the engine
+    said it cannot serve (`can_serve`, detected by workers) is refused."""
+    reg = request.app.state.registry
+    info = await reg.engine(engine_id)
+    if info is None:
+        raise NotFound(f"no engine {engine_id!r}")
+    if info.can_serve is not None and body.role not in info.can_serve:
+        raise Conflict(f"engine {engine_id!r} cannot serve role {body.role!r}: {info.kv}",
+                       {"can_serve": info.can_serve, "kv": info.kv})
     try:
-        return await request.app.state.registry.set_role(engine_id, body.role)
+        return await reg.set_role(engine_id, body.role)
     except KeyError:
         raise NotFound(f"no engine {engine_id!r}") from None
 

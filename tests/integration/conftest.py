@@ -1,4 +1,6 @@
-"""One real vLLM CPU server (SmolLM2-135M-Instruct) for the whole test session.
+"""Real vLLM CPU servers, each set started once for the whole test session: one SmolLM2-135M-
+Instruct server, and two tiny-model servers with a KV connector (NixlConnector, both
+directions) for prefill/decode tests.
 
 The first run builds the vLLM venv and converts the packaged model (minutes, cached under
 ~/.cache/rollout-service); `.ci/run` does that step first so its progress shows there.
@@ -6,6 +8,7 @@ The first run builds the vLLM venv and converts the packaged model (minutes, cac
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,3 +35,30 @@ def vllm_server():
         yield VLLMServer(f"http://127.0.0.1:{port}", path, "smollm2")
     finally:
         vllm_local.stop_server(proc)
+
+
+@dataclass
+class KVEngines:
+    urls: list[str]
+    tokenizer: str  # the tiny model's folder
+
+
+@pytest.fixture(scope="session")
+def two_kv_engines():
+    """Two tiny-model engines that can take either side of a KV hand-over. `kv_pull_min_tokens=1`:
+    a decode engine's KV is read back however short the last response (the tests' responses are
+    a few tokens; vLLM's default threshold, 64, would recompute them)."""
+    vllm_local.ensure_nixl()
+    path = vllm_local.prepare_model("tiny")
+    ports = [free_port(), free_port()]
+    # one core each: two engines spinning OpenMP threads over the same cores crawl
+    cpus = sorted(os.sched_getaffinity(0))
+    procs = [vllm_local.start_server(path, p, "tiny", kv_transfer=True, kv_pull_min_tokens=1, cpus=str(cpus[i % len(cpus)]))
+             for i, p in enumerate(ports)]
+    try:
+        for p, proc in zip(ports, procs):
+            vllm_local.wait_ready(f"http://127.0.0.1:{p}", 600, proc)
+        yield KVEngines([f"http://127.0.0.1:{p}" for p in ports], str(path))
+    finally:
+        for proc in procs:
+            vllm_local.stop_server(proc)

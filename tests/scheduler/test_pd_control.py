@@ -9,9 +9,11 @@ from scheduler.allocator import AllocatorConfig, Capacity
 from scheduler.forecast import Demand
 from scheduler.pd_control import PDController
 from scheduler.registry import Registry
+from scheduler.timing import TurnTiming
 from wire import EngineInfo
 
 IDS = [f"e{i}" for i in range(8)]
+ALL = ["prefill", "decode", "mixed"]
 PREFILL_HEAVY = {"forecast:prefill_tokens": 2_000_000, "forecast:decode_tokens": 64_000, "forecast:decode_seqs": 64,
                  "forecast:context_tokens": 64_000, "forecast:live": 64, "forecast:turns": 64,
                  "forecast:response_tokens": 64 * 300}
@@ -29,7 +31,7 @@ def test_demand_sums_workers_and_weights_means():
 async def test_controller_drains_then_switches_and_routers_follow(redis, keys):
     reg = Registry(redis, keys)
     for eid in IDS:
-        await reg.add_engine(EngineInfo(id=eid, url=f"http://127.0.0.1:9/{eid}"))
+        await reg.add_engine(EngineInfo(id=eid, url=f"http://127.0.0.1:9/{eid}", can_serve=ALL))
     now = [100.0]
     ctl = PDController(reg, additive(), AllocatorConfig(dwell_s=0, confirm=1, max_moves=0.25),
                        clock=lambda: now[0])
@@ -65,7 +67,7 @@ async def test_a_new_controller_releases_drains_an_earlier_one_left(redis, keys)
     change) serves the published role again rather than leave the engine idle forever."""
     reg = Registry(redis, keys)
     for eid in IDS:
-        await reg.add_engine(EngineInfo(id=eid, url=f"http://127.0.0.1:9/{eid}", role="decode"))
+        await reg.add_engine(EngineInfo(id=eid, url=f"http://127.0.0.1:9/{eid}", can_serve=ALL, role="decode"))
     await reg.drain("e1")
     assert (await reg.engine("e1")).state == "draining"
     await PDController(reg, additive(), AllocatorConfig(dwell_s=0), clock=lambda: 100.0).step()
@@ -78,7 +80,7 @@ async def test_a_new_controller_finishes_a_drain_toward_its_published_next_role(
     keeps the engine draining while it holds work and gives it that role once it is empty."""
     reg = Registry(redis, keys)
     for eid in IDS:
-        await reg.add_engine(EngineInfo(id=eid, url=f"http://127.0.0.1:9/{eid}", role="mixed"))
+        await reg.add_engine(EngineInfo(id=eid, url=f"http://127.0.0.1:9/{eid}", can_serve=ALL, role="mixed"))
     await reg.drain("e1", "prefill")
     await reg.report("w0", {"e1": 500}, set())  # e1 still holds 500 tokens of work
     cfg = AllocatorConfig(dwell_s=1e9)  # no new moves: only the inherited one
@@ -90,3 +92,84 @@ async def test_a_new_controller_finishes_a_drain_toward_its_published_next_role(
     await ctl.step()
     e1 = await reg.engine("e1")
     assert (e1.state, e1.role, e1.next_role) == ("ready", "prefill", None)
+
+
+async def test_only_engines_that_can_serve_every_role_are_moved(redis, keys):
+    """An engine whose KV connector allows fewer roles (kv_producer, none, or not asked yet)
+    keeps its role however much the forecast asks for prefill engines."""
+    reg = Registry(redis, keys)
+    kinds = [ALL] * 6 + [["prefill", "mixed"], ["mixed"], None]
+    for i, can in enumerate(kinds):
+        await reg.add_engine(EngineInfo(id=f"e{i}", url=f"http://127.0.0.1:9/e{i}", can_serve=can))
+    await reg.report_phases("w0", PREFILL_HEAVY)
+    ctl = PDController(reg, additive(), AllocatorConfig(dwell_s=0, confirm=1), clock=lambda: 100.0)
+    moves = await ctl.step()
+    assert moves and {m.engine for m in moves} <= set(IDS[:6])
+    assert set(ctl.allocator.engines) == set(IDS[:6])
+    for eid in ("e6", "e7", "e8"):
+        e = await reg.engine(eid)
+        assert (e.role, e.state, e.next_role) == ("mixed", "ready", None)
+
+
+async def test_a_measuring_controller_learns_engine_speed_from_reported_turns(redis, keys):
+    """Workers report each turn's timings; the controller takes them once and fits its capacity:
+    a prefill engine's measured rate replaces the prior, decode steps reach the step fit."""
+    reg = Registry(redis, keys)
+    for eid in ("e0", "e1"):
+        await reg.add_engine(EngineInfo(id=eid, url=f"http://127.0.0.1:9/{eid}", can_serve=ALL))
+    for i in range(64):  # 1,000 new tokens in 0.5 s: 2,000 tok/s; 33 tokens decoded in 1.28 s at a batch of 4
+        await reg.report_timing(TurnTiming("e0", 1000, 3000, 33, 0.5, 1.28, 4, True))
+    await reg.report_timing(TurnTiming("e1", 500, 500, 10, 0.1, 0.09, 8, False))  # batched prefill: not a rate
+    ctl = PDController(reg, clock=lambda: 100.0, measure=True)
+    prior, prior_step = ctl.capacity.prefill_rate(), ctl.capacity.step_s(4, 3016)
+    await ctl.step()
+    assert ctl.capacity.samples == 65 and await reg.take_timings() == []
+    assert abs(ctl.capacity.prefill_rate() - 2000) < abs(prior - 2000) and ctl.capacity.prefill_rate() < prior
+    assert abs(prior_step - 0.04) > 0.02 and abs(ctl.capacity.step_s(4, 3016) - 0.04) < 0.004  # measured: 40 ms
+    assert (await PDController(reg, clock=lambda: 100.0).step()) == [] and ctl.capacity.samples == 65
+
+
+def test_turn_timings_survive_the_wire():
+    t = TurnTiming("e0", 10, 20, 3, 0.25, 0.5, 2, True)
+    assert TurnTiming.loads(t.dumps()) == t and TurnTiming.loads(t.dumps().encode()) == t
+
+
+async def test_the_allocator_charges_no_recompute_where_every_engine_reads_the_response_back(redis, keys):
+    reg = Registry(redis, keys)
+    for eid in IDS[:2]:
+        await reg.add_engine(EngineInfo(id=eid, url=f"http://127.0.0.1:9/{eid}", can_serve=ALL, kv_read_back=True))
+    ctl = PDController(reg, additive(), AllocatorConfig(dwell_s=0), clock=lambda: 100.0)
+    await ctl.step()
+    assert ctl.allocator.config.response_kv_pushed and not ctl.config.response_kv_pushed
+    await reg.add_engine(EngineInfo(id="e2", url="http://127.0.0.1:9/e2", can_serve=ALL))  # one that cannot
+    await ctl.step()
+    assert not ctl.allocator.config.response_kv_pushed
+
+
+def test_the_responses_learned_travel_with_the_report():
+    """A live allocator with `min_observed` reads how much the forecasters have learned from the
+    workers' summed reports (it once read 0 and never moved)."""
+    d = Demand(10.0, 100, 50, 4, 20.0, turns=4, live=4, mean_response=5, observed=7)
+    twice = {k: 2 * v for k, v in d.report().items()}
+    assert Demand.from_report(twice, 10.0).observed == 14
+
+
+async def test_two_engines_reach_a_split_without_a_moment_when_nothing_decodes(redis, keys):
+    """Roles are routing on engines that serve every role: the one bound for decode switches at
+    once, the one bound for prefill drains first. (Draining both left nothing to decode, so two
+    engines could never split.)"""
+    reg = Registry(redis, keys)
+    for eid in IDS[:2]:
+        await reg.add_engine(EngineInfo(id=eid, url=f"http://127.0.0.1:9/{eid}", can_serve=ALL))
+    short_turns = {"forecast:prefill_tokens": 52, "forecast:decode_tokens": 16, "forecast:decode_seqs": 4,
+                   "forecast:context_tokens": 252, "forecast:turns": 4, "forecast:live": 4,
+                   "forecast:response_tokens": 16, "forecast:observed": 100}
+    await reg.report_phases("w0", short_turns)
+    now = [100.0]
+    ctl = PDController(reg, additive(), AllocatorConfig(dwell_s=0, confirm=1), clock=lambda: now[0])
+    for _ in range(6):
+        await ctl.step()
+        infos = await reg.engines()
+        assert any(e.state == "ready" and e.role in ("decode", "mixed") for e in infos)
+        now[0] += 1.0
+    assert sorted(e.role for e in await reg.engines()) == ["decode", "prefill"]
