@@ -50,6 +50,9 @@ _ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME": WORKSPAC
 # pid 1: a shell that sleeps and, through `wait`, reaps the orphans reparented to it.
 _INIT = ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait; done"]
 LABEL = "rollout-sandbox"
+# Each exec first reads one line from its stdin, which we send once attached (see `exec`).
+GATE = "IFS= read -r _rs_gate; "
+START_S = 120.0  # longest wait for an interactive session to announce itself
 
 
 def _raw(sock) -> socket.socket:
@@ -144,18 +147,20 @@ class DockerSandbox:
         try:
             # `head` caps the output inside the container: a stream we stop reading would leave
             # the engine blocked on it, and the container impossible to remove.
+            # The command waits for a gate line on stdin (GATE), sent once we are attached: an
+            # exec whose output comes before the client attaches can lose it (seen with podman
+            # under load: exit 0, no output).
             cmd = ["timeout", "-s", "KILL", str(math.ceil(limit)), "sh", "-c",
-                   f'set -o pipefail; "$@" 2>&1 | head -c {self.limits.output_bytes + 1}', "sh", *argv]
-            eid = self._api.exec_create(self.container.id, cmd, workdir=WORKSPACE, stdin=bool(stdin))["Id"]
+                   f'{GATE}set -o pipefail; "$@" 2>&1 | head -c {self.limits.output_bytes + 1}', "sh", *argv]
+            eid = self._api.exec_create(self.container.id, cmd, workdir=WORKSPACE, stdin=True)["Id"]
             sock = _raw(self._api.exec_start(eid, socket=True))
         except docker.errors.DockerException as e:
             raise SandboxError(f"exec failed: {e}") from e
-        if stdin:
-            try:
-                sock.sendall(stdin)
-                sock.shutdown(socket.SHUT_WR)  # the end of the command's stdin
-            except OSError:
-                pass  # the command exited without reading it all: its output says what happened
+        try:
+            sock.sendall(b"\n" + (stdin or b""))
+            sock.shutdown(socket.SHUT_WR)  # the end of the command's stdin
+        except OSError:
+            pass  # the command exited without reading it all: its output says what happened
         try:
             # The in-container `timeout` kills at `limit`; we wait a little longer for it.
             out, eof, over = _demux(sock, t0 + limit + 2.0, self.limits.output_bytes)
@@ -179,7 +184,7 @@ class DockerSandbox:
 
         self._check()
         # Print our pid (in the container) first, so that close() can kill the whole session.
-        argv = ["sh", "-c", 'echo "__RS_PID_$$"; exec "$@"', "sh", *argv]
+        argv = ["sh", "-c", GATE + 'echo "__RS_PID_$$"; exec "$@"', "sh", *argv]
         try:
             eid = self._api.exec_create(self.container.id, argv, stdin=True, tty=True, workdir=WORKSPACE)["Id"]
             sock = _raw(self._api.exec_start(eid, socket=True, tty=True))
@@ -187,13 +192,19 @@ class DockerSandbox:
             raise SandboxError(f"exec failed: {e}") from e
         with contextlib.suppress(docker.errors.DockerException):
             self._api.exec_resize(eid, height=50, width=200)  # only cosmetic: a wider terminal
-        head, deadline = b"", time.monotonic() + 10
+        try:
+            sock.sendall(b"\n")  # open the gate: we are attached
+        except OSError as e:
+            sock.close()
+            raise SandboxError(f"could not start {argv[4:]!r} in the sandbox: {e}") from e
+        head, deadline = b"", time.monotonic() + START_S
         while (m := re.search(rb"__RS_PID_(\d+)\r?\n", head)) is None:
             ready, _, _ = select.select([sock], [], [], max(deadline - time.monotonic(), 0))
             chunk = sock.recv(4096) if ready else b""
             if not chunk:
                 sock.close()
-                raise SandboxError(f"could not start {argv[4:]!r} in the sandbox")
+                why = "it ended" if ready else f"no answer in {START_S:.0f} s"
+                raise SandboxError(f"could not start {argv[4:]!r} in the sandbox ({why})")
             head += chunk
         term = DockerTerminal(self, sock, int(m.group(1)), head[m.end():])
         self._terms.append(term)
