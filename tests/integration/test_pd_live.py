@@ -109,7 +109,7 @@ async def test_allocator_switches_roles_when_the_workload_shifts_and_loses_no_tu
     queue = Queue(redis, keys, lease_s=60.0)
     for i, url in enumerate(two_kv_engines.urls):
         await reg.add_engine(EngineInfo(id=f"e{i}", url=url, model="tiny", tokenizer=two_kv_engines.tokenizer))
-    worker = Worker(queue, store, Fleet(registry=reg), LocalEnvs(), concurrency=8, poll_s=0.01, registry=reg)
+    worker = Worker(queue, store, Fleet(registry=reg), LocalEnvs(), concurrency=8, registry=reg)
     # min_observed: no move before the forecasters have learned from a response per live
     # trajectory (their first guesses are prior); dwell_s (the default 30 s) also keeps a just-
     # built allocator from moving anything in its first 30 s
