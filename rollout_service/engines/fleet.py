@@ -177,11 +177,7 @@ class Fleet:
         new_tokens = len(req.prompt_ids) if new_tokens is None else new_tokens
         last: Exception | None = None
         for _ in range(self.attempts):
-            await self.refresh()
-            try:
-                pid, eid = self.policy.route(trajectory_id, self._available(tokenizer), self._roles)
-            except NoEngine as e:
-                raise EngineError(f"no engine available for tokenizer {tokenizer!r}") from (last or e)
+            pid, eid = await self._route(trajectory_id, tokenizer, last)
             engine, _ = self._engines[eid]
             cost = len(req.prompt_ids) + req.sampling.max_tokens
             self._load[eid] = self._load.get(eid, 0) + cost
@@ -222,6 +218,14 @@ class Fleet:
         kind = EngineLost if isinstance(last, EngineLost) else EngineError  # every engine unreachable: ours
         raise kind(f"turn failed on {self.attempts} engine attempts: {last}")
 
+    async def _route(self, trajectory_id: str, tokenizer: str, last: Exception | None) -> tuple[str, str]:
+        """(prefill engine, decode engine) for the next try of a turn; the same id when colocated."""
+        await self.refresh()
+        try:
+            return self.policy.route(trajectory_id, self._available(tokenizer), self._roles)
+        except NoEngine as e:
+            raise EngineError(f"no engine available for tokenizer {tokenizer!r}") from (last or e)
+
     async def stream(self, trajectory_id: str, tokenizer: str,
                      req: GenerateRequest) -> AsyncIterator[TokenDelta | GenerateResult]:
         """`generate`, streamed (`Engine.stream`). It fails over to another engine only while
@@ -229,11 +233,7 @@ class Fleet:
         the ones already out, so a failure ends the stream with the error."""
         last: Exception | None = None
         for _ in range(self.attempts):
-            await self.refresh()
-            try:
-                pid, eid = self.policy.route(trajectory_id, self._available(tokenizer), self._roles)
-            except NoEngine as e:
-                raise EngineError(f"no engine available for tokenizer {tokenizer!r}") from (last or e)
+            pid, eid = await self._route(trajectory_id, tokenizer, last)
             engine, _ = self._engines[eid]
             cost = len(req.prompt_ids) + req.sampling.max_tokens
             self._load[eid] = self._load.get(eid, 0) + cost
