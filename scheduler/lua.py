@@ -259,13 +259,18 @@ return 1
 
 FINISH = FINISH_FN + """
 -- ARGV: prefix, tid, token, new_state, result, reward, failure, now, ready ms (retry back-off),
--- counter to charge on a requeue ('attempts': the trajectory's retry budget; 'restarts': our fault)
+-- counter to charge on a requeue ('attempts': the trajectory's retry budget; 'restarts': our fault),
+-- then (stats field, increment) pairs counted with the finish, in the same step: a reader that
+-- sees the terminal event sees its tokens and prefill times counted too
 local tkey = ARGV[1] .. 'traj:' .. ARGV[2]
 if redis.call('HGET', tkey, 'token') ~= ARGV[3] then return 0 end
 local ok = finish(ARGV[1], ARGV[2], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9])
 if ok == 1 and ARGV[10] and ARGV[10] ~= '' then
   redis.call('HINCRBY', tkey, ARGV[10], 1)
   redis.call('HINCRBY', ARGV[1] .. 'stats', ARGV[10], 1)
+end
+if ok == 1 then
+  for i = 11, #ARGV, 2 do redis.call('HINCRBY', ARGV[1] .. 'stats', ARGV[i], ARGV[i + 1]) end
 end
 return ok
 """

@@ -190,19 +190,21 @@ class Queue:
         # state without its result. A lost race leaves a blob nobody recorded: drop it.
         recorded = await self.results.put(batch_of(claim.trajectory_id), claim.trajectory_id, claim.token, compress(
             pack_trajectory(traj.model_copy(update={"training_samples": None}))))
+        counts: dict[str, int] = {
+            "tokens:sampled": sum(len(t.output_ids) for t in traj.turns),
+            "tokens:prompt": sum(len(t.prompt_ids) for t in traj.turns),
+            "prefill_sum_us": 0,
+        }
+        for t in traj.turns:  # the prefill histogram: one bucket per turn, and the sum
+            s = t.timings.prefill_s
+            bucket = f"prefill:{next((b for b in PREFILL_BUCKETS_S if s <= b), 'inf')}"
+            counts[bucket] = counts.get(bucket, 0) + 1
+            counts["prefill_sum_us"] += round(s * 1e6)
         got = await self._finish(args=[self.k.prefix, claim.trajectory_id, claim.token, traj.state.value,
-                                       recorded, reward, failure, time.time(), 0, ""])
+                                       recorded, reward, failure, time.time(), 0, "",
+                                       *(x for kv in counts.items() for x in kv)])
         if not got:
             await self.results.discard(recorded)
-        else:
-            pipe = self.r.pipeline(transaction=False)
-            pipe.hincrby(self.k.stats, "tokens:sampled", sum(len(t.output_ids) for t in traj.turns))
-            pipe.hincrby(self.k.stats, "tokens:prompt", sum(len(t.prompt_ids) for t in traj.turns))
-            for t in traj.turns:  # the prefill histogram: one bucket per turn, and the sum
-                s = t.timings.prefill_s
-                pipe.hincrby(self.k.stats, f"prefill:{next((b for b in PREFILL_BUCKETS_S if s <= b), 'inf')}", 1)
-                pipe.hincrby(self.k.stats, "prefill_sum_us", round(s * 1e6))
-            await pipe.execute()
         return bool(got)
 
     async def retry(self, claim: Claim, delay_s: float = 0.0) -> bool:
