@@ -10,6 +10,7 @@ import threading
 import time
 import uuid
 
+import httpx
 import pytest
 import redis as syncredis
 import redis.asyncio as aioredis
@@ -19,6 +20,13 @@ from rollout_service.config import Settings
 from scheduler.keys import Keys
 
 REDIS_URL = os.environ.get("ROLLOUT_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+# Every HTTP client a test makes without a timeout of its own waits up to 60 s, not httpx's 5:
+# the suite must pass on a loaded 2-core machine, and no test checks how fast an answer comes
+# (timing claims live in benchmarks/). httpx's functions and clients all default to this one
+# object; a test that is about a timeout passes its own.
+for _phase in ("connect", "read", "write", "pool"):
+    setattr(httpx._config.DEFAULT_TIMEOUT_CONFIG, _phase, 60.0)
 
 
 def free_port() -> int:

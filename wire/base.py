@@ -22,14 +22,14 @@ ENV_NAME_MAX = 256
 ENV_NAME_PATTERN = r"^[A-Za-z0-9_.-]+(:[A-Za-z0-9_./:@%+=-]+)?$"
 
 
-def _integral(v: Any) -> Any:
+def integral(v: Any) -> Any:
     # JSON Schema's "integer" includes 3.0; strict mode alone would refuse it.
     return int(v) if isinstance(v, float) and v.is_integer() and abs(v) < 2**63 else v
 
 
-Int = Annotated[int, BeforeValidator(_integral)]
-Seed = Annotated[int, Field(ge=0, le=2**32 - 1), BeforeValidator(_integral)]
-Version = Annotated[int, Field(ge=0), BeforeValidator(_integral)]
+Int = Annotated[int, BeforeValidator(integral)]
+Seed = Annotated[int, Field(ge=0, le=2**32 - 1), BeforeValidator(integral)]
+Version = Annotated[int, Field(ge=0), BeforeValidator(integral)]
 
 
 class Wire(BaseModel):

@@ -7,9 +7,13 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from wire.base import MAX_GROUP_SIZE, MAX_TOKENS_PER_TURN, Input, Int, Message, ToolCall, Wire
+from wire.base import MAX_GROUP_SIZE, MAX_TOKENS_PER_TURN, Input, Int, Message, ToolCall, Wire, integral
 
 MAX_CHOICES = 16  # n: samples per call (a GRPO group from one call)
+
+# The OpenAI-shaped models below are strict, as `Input` is: a request that breaks the documented
+# schema (`true` or `"3"` for an integer, `1` for a boolean) is a 422, never coerced into a sample.
+# Unknown fields are ignored (clients send many), so they are not `Input`s.
 
 
 class SessionCreate(Input):
@@ -38,7 +42,7 @@ class ChatMessageIn(BaseModel):
     """One message as OpenAI clients send it. Text content only: a string, a list of text parts
     (joined with newlines, as vLLM does), or null (an assistant message that only calls tools)."""
 
-    model_config = ConfigDict(extra="ignore")  # clients send name, refusal, annotations, ...: ignored
+    model_config = ConfigDict(extra="ignore", strict=True)  # clients send name, refusal, annotations, ...: ignored
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | None = Field(None, max_length=1_000_000)
@@ -75,7 +79,7 @@ ToolChoice = Annotated[Literal["auto", "none"] | None, BeforeValidator(_auto_or_
 
 
 class FunctionDef(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # strict, ...: ignored
+    model_config = ConfigDict(extra="ignore", strict=True)  # OpenAI's own `strict` flag, ...: ignored
 
     name: str = Field(min_length=1, max_length=200)
     description: str | None = Field(None, max_length=100_000)
@@ -83,12 +87,14 @@ class FunctionDef(BaseModel):
 
 
 class ToolDef(BaseModel):
+    model_config = ConfigDict(strict=True)
+
     type: Literal["function"]
     function: FunctionDef
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # include_obfuscation: nothing to obfuscate
+    model_config = ConfigDict(extra="ignore", strict=True)  # include_obfuscation: nothing to obfuscate
 
     include_usage: bool = False
 
@@ -118,22 +124,22 @@ class ChatCompletionRequest(BaseModel):
     Unknown fields are ignored (clients send many); a field it knows and cannot honour
     (`UNSUPPORTED`) is refused with a 422 that names it."""
 
-    model_config = ConfigDict(extra="allow")  # kept, so that `UNSUPPORTED` fields can be named
+    model_config = ConfigDict(extra="allow", strict=True)  # kept, so that `UNSUPPORTED` fields can be named
 
     model: str = Field("default", max_length=200)
     messages: list[ChatMessageIn] = Field(min_length=1, max_length=10_000)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(-1, ge=-1, description="vLLM's extension: -1 means off")
-    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_PER_TURN)
-    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_PER_TURN)
-    seed: int | None = Field(None, ge=0, le=2**32 - 1)
+    top_k: Int = Field(-1, ge=-1, description="vLLM's extension: -1 means off")
+    max_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_PER_TURN), BeforeValidator(integral)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_PER_TURN), BeforeValidator(integral)] | None = None
+    seed: Annotated[int, Field(ge=0, le=2**32 - 1), BeforeValidator(integral)] | None = None
     stop: str | Annotated[list[str], Field(max_length=16)] | None = None
-    n: int = Field(1, ge=1, le=MAX_CHOICES)
+    n: Int = Field(1, ge=1, le=MAX_CHOICES)
     stream: bool = False
     stream_options: StreamOptions | None = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: Annotated[int, Field(ge=0, le=20), BeforeValidator(integral)] | None = None
     tools: list[ToolDef] | None = Field(None, max_length=128)
     tool_choice: ToolChoice = None
     parallel_tool_calls: bool | None = None  # several calls in one reply are always parsed
@@ -192,7 +198,7 @@ Text = Annotated[str, BeforeValidator(_text), Field(max_length=1_000_000)]
 
 
 class MessageItem(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # id, status: ignored
+    model_config = ConfigDict(extra="ignore", strict=True)  # id, status: ignored
 
     type: Literal["message"] = "message"
     role: Literal["system", "developer", "user", "assistant"]
@@ -200,7 +206,7 @@ class MessageItem(BaseModel):
 
 
 class FunctionCallItem(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     type: Literal["function_call"]
     call_id: str = Field(max_length=200)
@@ -209,7 +215,7 @@ class FunctionCallItem(BaseModel):
 
 
 class FunctionCallOutputItem(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     type: Literal["function_call_output"]
     call_id: str = Field(max_length=200)
@@ -233,7 +239,7 @@ Item = Annotated[MessageItem | FunctionCallItem | FunctionCallOutputItem, Field(
 
 
 class FunctionTool(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # strict: ignored
+    model_config = ConfigDict(extra="ignore", strict=True)  # OpenAI's own `strict` flag: ignored
 
     type: Literal["function"]
     name: str = Field(min_length=1, max_length=200)
@@ -252,7 +258,7 @@ class ResponsesRequest(BaseModel):
     """OpenAI's Responses API request, for text and function calls: turned into the chat
     completion it means (`chat`), so it is served and recorded the same way."""
 
-    model_config = ConfigDict(extra="allow")  # kept, so that unsupported fields can be named
+    model_config = ConfigDict(extra="allow", strict=True)  # kept, so that unsupported fields can be named
 
     model: str = Field("default", max_length=200)
     input: str | Annotated[list[Item], BeforeValidator(_known_items), Field(min_length=1, max_length=10_000)]
@@ -261,7 +267,7 @@ class ResponsesRequest(BaseModel):
     tool_choice: ToolChoice = None
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    max_output_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_PER_TURN)
+    max_output_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_PER_TURN), BeforeValidator(integral)] | None = None
     parallel_tool_calls: bool | None = None
     _chat: ChatCompletionRequest | None = PrivateAttr(None)
 

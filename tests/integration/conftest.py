@@ -43,6 +43,30 @@ class KVEngines:
     tokenizer: str  # the tiny model's folder
 
 
+# The KV engines stop as soon as no test left to run needs them: NIXL's UCX progress thread
+# polls without sleeping, a core each for as long as they live, and every test after them
+# (vLLM turns, HTTP timeouts) ran on a machine with both cores taken.
+_remaining: list[pytest.Item] = []
+_kv_engines: list = []
+
+
+def pytest_collection_modifyitems(items):
+    _remaining[:] = items
+
+
+def pytest_runtest_teardown(item, nextitem):
+    if not _kv_engines:
+        return
+    later = _remaining[_remaining.index(item) + 1:] if item in _remaining else []
+    if not any("two_kv_engines" in i.fixturenames for i in later):
+        _stop_kv_engines()
+
+
+def _stop_kv_engines() -> None:
+    while _kv_engines:
+        vllm_local.stop_server(_kv_engines.pop())
+
+
 @pytest.fixture(scope="session")
 def two_kv_engines():
     """Two tiny-model engines that can take either side of a KV hand-over. `kv_pull_min_tokens=1`:
@@ -53,12 +77,11 @@ def two_kv_engines():
     ports = [free_port(), free_port()]
     # one core each: two engines spinning OpenMP threads over the same cores crawl
     cpus = sorted(os.sched_getaffinity(0))
-    procs = [vllm_local.start_server(path, p, "tiny", kv_transfer=True, kv_pull_min_tokens=1, cpus=str(cpus[i % len(cpus)]))
-             for i, p in enumerate(ports)]
+    _kv_engines[:] = [vllm_local.start_server(path, p, "tiny", kv_transfer=True, kv_pull_min_tokens=1,
+                                              cpus=str(cpus[i % len(cpus)])) for i, p in enumerate(ports)]
     try:
-        for p, proc in zip(ports, procs):
+        for p, proc in zip(ports, _kv_engines):
             vllm_local.wait_ready(f"http://127.0.0.1:{p}", 600, proc)
         yield KVEngines([f"http://127.0.0.1:{p}" for p in ports], str(path))
     finally:
-        for proc in procs:
-            vllm_local.stop_server(proc)
+        _stop_kv_engines()

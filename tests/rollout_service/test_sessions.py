@@ -84,10 +84,17 @@ def test_unsupported_fields_are_422_naming_them(gateway, engine):
         client.chat.completions.create(model="sim", messages=[{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": "data:,"}}]}])
     assert "'image_url' is not supported" in e.value.body["message"]
+    # what breaks the documented types is refused, never coerced (`true` is not 1, "3" not 3)
+    for wrong in ({"n": True}, {"max_tokens": "3"}, {"logprobs": 1}, {"seed": 2.5}):
+        with pytest.raises(openai.UnprocessableEntityError) as e:
+            client.chat.completions.create(model="sim", messages=msgs, extra_body=wrong)
+        assert next(iter(wrong)) in e.value.body["message"], e.value.body
     # neutral values and fields that change nothing sampled pass
     ok = client.chat.completions.create(model="sim", messages=msgs, frequency_penalty=0, store=True, user="u",
                                         metadata={"k": "v"}, parallel_tool_calls=True)
     assert ok.choices[0].message.content == "Hello! I can help."
+    # 3.0 is an integer to JSON Schema
+    assert client.chat.completions.create(model="sim", messages=msgs, extra_body={"max_tokens": 3.0}).choices
     missing = openai.OpenAI(base_url=f"{gateway.url}/v1/sessions/s-nope", api_key="x", max_retries=0)
     with pytest.raises(openai.NotFoundError):
         missing.chat.completions.create(model="sim", messages=msgs)

@@ -33,6 +33,13 @@ class Recording(ServiceRollout):
         return out
 
 
+def brevity(completion_ids: list, **_) -> list[float]:
+    """A second reward, shorter is better: GRPO's advantages are zero in a group whose rewards are
+    all equal (four wrong answers are common), and then no step changes a weight. The simulated
+    policy's answers differ in length, so with this the gradient is non-zero (checked below)."""
+    return [-len(c) / 100 for c in completion_ids]
+
+
 def test_two_steps_of_trls_grpo_trainer_through_the_service(gateway, settings, keys, tmp_path, monkeypatch):
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     srv = LiveServer(sim_app(SimEngine("sim", seed=1))).__enter__()
@@ -46,7 +53,7 @@ def test_two_steps_of_trls_grpo_trainer_through_the_service(gateway, settings, k
                       save_strategy="no", use_cpu=True, bf16=False, seed=0)
     try:
         with RunningWorker(settings, discover=True):
-            trainer = GRPOTrainer(model=model, processing_class=tok, args=args, reward_funcs=[env_reward],
+            trainer = GRPOTrainer(model=model, processing_class=tok, args=args, reward_funcs=[env_reward, brevity],
                                   train_dataset=Dataset.from_dict({"prompt": ["11", "12", "13", "14"]}),
                                   rollout_func=rollout)
             trainer.train()
@@ -70,5 +77,8 @@ def test_two_steps_of_trls_grpo_trainer_through_the_service(gateway, settings, k
     assert (tmp_path / "pushed" / "step-1" / "config.json").exists()
     rewards = [h["rewards/env_reward/mean"] for h in trainer.state.log_history if "rewards/env_reward/mean" in h]
     assert len(rewards) == 2
+    # The trainer stepped on the service's rollouts: some group had rewards to tell apart (the
+    # lengths differ), so its advantages, the gradient and the weights moved.
+    assert any(len({len(c) for c in out["completion_ids"]}) > 1 for _, out in rollout.calls)
     after = trainer.model.state_dict()
-    assert any(not torch.equal(before[k], after[k]) for k in before)  # the trainer stepped
+    assert any(not torch.equal(before[k], after[k]) for k in before)
