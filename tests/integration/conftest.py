@@ -46,18 +46,14 @@ class KVEngines:
 # The KV engines stop as soon as no test left to run needs them: NIXL's UCX progress thread
 # polls without sleeping, a core each for as long as they live, and every test after them
 # (vLLM turns, HTTP timeouts) ran on a machine with both cores taken.
-_remaining: list[pytest.Item] = []
 _kv_engines: list = []
-
-
-def pytest_collection_modifyitems(items):
-    _remaining[:] = items
 
 
 def pytest_runtest_teardown(item, nextitem):
     if not _kv_engines:
         return
-    later = _remaining[_remaining.index(item) + 1:] if item in _remaining else []
+    items = item.session.items  # the run's order, after every plugin reordered it
+    later = items[items.index(item) + 1:] if item in items else []
     if not any("two_kv_engines" in i.fixturenames for i in later):
         _stop_kv_engines()
 
