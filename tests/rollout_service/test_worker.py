@@ -92,11 +92,17 @@ async def test_dead_workers_trajectory_is_picked_up_by_another(settings, redis, 
     w1 = RunningWorker(settings, engines=hung).__enter__()
     while (await store.batch_status(b.id)).counts[TrajectoryState.running] == 0:
         await asyncio.sleep(0.02)
-    # Freeze worker 1 as if it died: its loop stops heartbeating but never releases the lease.
-    w1.loop.call_soon_threadsafe(lambda: [t.cancel() for t in asyncio.all_tasks(w1.loop)])
-    w1.thread.join(5)
-    with RunningWorker(settings):
-        st = await wait_done(store, b.id)
+    # Worker 1 stalls as a hung or SIGSTOPped process does: its loop runs nothing, so it neither
+    # heartbeats nor gives the trajectory back. (Cancelling its tasks instead is a shutdown: it
+    # hands the work back, and under load a cancel could land where the handler went on.)
+    frozen = threading.Event()
+    w1.loop.call_soon_threadsafe(frozen.wait)
+    try:
+        with RunningWorker(settings):
+            st = await wait_done(store, b.id)
+    finally:
+        frozen.set()  # it wakes to a lost lease and drops its episode
+        w1.__exit__()
     assert st.counts[TrajectoryState.completed] == 1
     t = await store.trajectory(f"{b.id}-0-0")
     # the dead worker cost a restart, never one of the trajectory's attempts
