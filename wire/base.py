@@ -29,6 +29,7 @@ def integral(v: Any) -> Any:
 
 Int = Annotated[int, BeforeValidator(integral)]
 Seed = Annotated[int, Field(ge=0, le=2**32 - 1), BeforeValidator(integral)]
+TurnTokens = Annotated[int, Field(ge=1, le=MAX_TOKENS_PER_TURN), BeforeValidator(integral)]  # tokens one turn may sample
 Version = Annotated[int, Field(ge=0), BeforeValidator(integral)]
 
 

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from wire.base import MAX_GROUP_SIZE, MAX_TOKENS_PER_TURN, Input, Int, Message, ToolCall, Wire, integral
+from wire.base import MAX_GROUP_SIZE, Input, Int, Message, Seed, ToolCall, TurnTokens, Wire, integral
 
 MAX_CHOICES = 16  # n: samples per call (a GRPO group from one call)
 
@@ -131,9 +131,9 @@ class ChatCompletionRequest(BaseModel):
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: Int = Field(-1, ge=-1, description="vLLM's extension: -1 means off")
-    max_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_PER_TURN), BeforeValidator(integral)] | None = None
-    max_completion_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_PER_TURN), BeforeValidator(integral)] | None = None
-    seed: Annotated[int, Field(ge=0, le=2**32 - 1), BeforeValidator(integral)] | None = None
+    max_tokens: TurnTokens | None = None
+    max_completion_tokens: TurnTokens | None = None
+    seed: Seed | None = None
     stop: str | Annotated[list[str], Field(max_length=16)] | None = None
     n: Int = Field(1, ge=1, le=MAX_CHOICES)
     stream: bool = False
@@ -267,7 +267,7 @@ class ResponsesRequest(BaseModel):
     tool_choice: ToolChoice = None
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    max_output_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_PER_TURN), BeforeValidator(integral)] | None = None
+    max_output_tokens: TurnTokens | None = None
     parallel_tool_calls: bool | None = None
     _chat: ChatCompletionRequest | None = PrivateAttr(None)
 
