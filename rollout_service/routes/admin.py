@@ -40,7 +40,7 @@ async def register_engine(request: Request, body: EngineInfo) -> EngineInfo:
     return body
 
 
-@router.put("/engines/{engine_id}/role", response_model=EngineInfo)
+@router.put("/engines/{engine_id}/role", response_model=EngineInfo, responses={409: {"model": ErrorResponse}})
 async def set_engine_role(request: Request, engine_id: str, body: EngineRoleUpdate) -> EngineInfo:
     """Make an engine take prefills, decodes, or both. Workers follow within seconds; every
     engine must serve with a KV connector for a prefill/decode split to work: a role the engine
