@@ -200,6 +200,8 @@ def create_app(max_sessions: int = 1024, idle_s: float = 600.0,
                 continue
             loops["heartbeat"] = "ok"
             failures = 0
+            if asyncio.current_task().cancelling():  # a cancel the Redis client dropped (Python 3.11's wait_for)
+                raise asyncio.CancelledError
             await asyncio.sleep(3.0)
 
     def watch(name: str, task: asyncio.Task) -> None:

@@ -33,7 +33,7 @@ from env_workers.client import EnvBackend, EnvWorkerLost
 from rollout_service.engines.base import EngineLost
 from rollout_service.engines.fleet import Fleet
 from rollout_service.rollout import run_episode
-from scheduler.connection import UNAVAILABLE, Backoff
+from scheduler.connection import UNAVAILABLE, Backoff, cancel_point
 from scheduler.forecast import Forecaster
 from scheduler.keys import batch_of
 from scheduler.lifecycle import Lifecycle
@@ -91,6 +91,7 @@ class Worker:
                 except UNAVAILABLE:
                     await backoff.wait()
             while not stop.is_set():
+                cancel_point()
                 for loop in (reaper, prober):
                     if loop.done():
                         raise LoopDied(f"background loop {loop.get_coro().__name__} ended") from (
@@ -123,17 +124,18 @@ class Worker:
         """Block on the queue's wake list (a submission or requeue wakes us within a round trip)
         until `idle_wait_s`, or until told to stop."""
         waiter = asyncio.create_task(self.queue.wait(self.idle_wait_s))
+        waiter.add_done_callback(lambda t: t.cancelled() or t.exception())  # read even if we are cancelled
         stopper = asyncio.create_task(stop.wait())
         try:
             await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             stopper.cancel()
-            if not waiter.done():
-                waiter.cancel()  # redis-py drops the blocked connection rather than reuse it
-            with contextlib.suppress(asyncio.CancelledError):
-                await stopper
-            with contextlib.suppress(asyncio.CancelledError):
-                await waiter  # re-raises a Redis error for the caller's back-off
+            waiter.cancel()  # no-op once done; redis-py drops a blocked connection rather than reuse it
+            # `asyncio.wait`, not `await helper` under suppress(CancelledError): a cancel of this
+            # task that lands here (the worker's shutdown) must propagate, not pass for a helper's.
+            await asyncio.wait({waiter, stopper})
+        if not waiter.cancelled() and waiter.exception() is not None:
+            raise waiter.exception()  # a Redis error, for the caller's back-off
 
     async def _reap_forever(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -145,6 +147,7 @@ class Worker:
                 log.warning("reap skipped: Redis unavailable")
             except Exception:  # a reaper hiccup must not stop the worker
                 log.exception("reap failed")
+            cancel_point()
             await asyncio.sleep(min(self.heartbeat_s, 0.5))  # also releases due retries
 
     async def _probe_forever(self, stop: asyncio.Event, every_s: float = 2.0) -> None:
@@ -162,6 +165,7 @@ class Worker:
                 log.warning("engine probe skipped: Redis unavailable")
             except Exception:
                 log.exception("engine probe failed")
+            cancel_point()
             await asyncio.sleep(every_s)
 
     async def _write(self, claim: Claim, what: str, call) -> bool | None:
@@ -170,6 +174,7 @@ class Worker:
         deadline = time.monotonic() + self.queue.lease_s
         backoff = Backoff()
         while True:
+            cancel_point()
             try:
                 return await call()
             except UNAVAILABLE:
@@ -235,6 +240,7 @@ class Worker:
         try:
             while not episode.done():
                 await asyncio.wait({episode}, timeout=self.heartbeat_s)
+                cancel_point()
                 if not episode.done() and not await self._heartbeat(claim):
                     cancelled = True
                     episode.cancel()

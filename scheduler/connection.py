@@ -134,6 +134,19 @@ async def durable(r: aioredis.Redis, script, args: list, replicas: int, timeout_
     return got
 
 
+def cancel_point() -> None:
+    """Raise CancelledError if this task was cancelled and the cancel got lost on the way.
+
+    Python 3.11's `asyncio.wait_for`, which redis-py wraps around sending every command, returns
+    the inner result instead of raising when a cancel lands as the send completes; the task
+    still counts the cancel (`cancelling()`), nothing else reacts to it. A loop of Redis calls
+    that is stopped by cancelling it (a worker's shutdown) calls this once a turn, or it goes
+    on claiming and heartbeating after its shutdown."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 def unavailable(e: BaseException) -> bool:
     return isinstance(e, UNAVAILABLE)
 

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 
 from scheduler.allocator import Allocator, AllocatorConfig, Capacity, Layout, Move
+from scheduler.connection import cancel_point
 from scheduler.forecast import Demand
 from scheduler.registry import Registry
 from scheduler.roles import EngineRole, Role
@@ -118,6 +119,7 @@ class PDController:
                 await self.step()
             except Exception:  # one bad round must not stop allocation
                 log.exception("allocation round failed")
+            cancel_point()
             try:
                 await asyncio.wait_for(stop.wait(), every_s)
             except TimeoutError:

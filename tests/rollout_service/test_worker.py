@@ -255,3 +255,31 @@ async def test_a_trajectory_claimed_again_by_its_own_worker_supersedes_the_old_e
         await wait_done(store, b.id)
     t = await store.trajectory(tid)
     assert t.state is TrajectoryState.completed and t.attempts == 1 and t.restarts == 1, (t.attempts, t.failure)
+
+
+async def test_a_cancelled_worker_stops_whenever_the_cancel_lands(redis, keys):
+    """Cancelling `Worker.run` is its shutdown; a cancel that lands while the idle wait tidies up
+    its helper tasks must not be taken for theirs (it was: the worker went on claiming and
+    heartbeating after its shutdown). Cancels land at every point of idle cycles made short."""
+    from env_workers.client import LocalEnvs
+    from rollout_service.engines.fleet import Fleet
+    from rollout_service.worker import Worker
+
+    q, fleet = Queue(redis, keys), Fleet({"sim-0": (SimEngine("sim-0", seed=1), "byte")})
+    swallowed = 0
+    for ticks in range(0, 300, 2):
+        w = Worker(q, Store(redis, keys), fleet, LocalEnvs(), idle_wait_s=0.01)
+        task = asyncio.create_task(w.run(asyncio.Event()))
+        for i in range(ticks):
+            if i % 7 == 0:
+                await redis.rpush(keys.wake, "x")  # some waits end woken, some by their timeout
+            await asyncio.sleep(0)
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=10)
+        if not done:  # the cancel was swallowed: the worker is still looping
+            swallowed += 1
+            w.queue = None  # its next claim raises, which ends it (a cancel may be swallowed again)
+            await asyncio.wait({task}, timeout=10)
+        else:
+            assert task.cancelled(), task.exception()
+    assert swallowed == 0
