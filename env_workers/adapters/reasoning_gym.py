@@ -2,8 +2,11 @@
 
 A task is `{"seed": N}`, optionally with `"config": {...}` (the generator's own config fields,
 e.g. `{"min_animals": 2}`; `composite` needs `"datasets": [{"name", "weight", "config"}, ...]`) and, for the retry variant,
-`"attempts": K` (default 3, at most 10). The item is `create_dataset(NAME, seed=N, size=1,
-**config)[0]`: the same seed gives the same problem on every worker. The reply's last
+`"attempts": K` (default 3, at most 10), and `"examples": K` (at most 8): K worked examples of the
+same generator and config before the question, as earlier chat turns (its question, then
+`<answer>ANSWER</answer>`), drawn at seed N + 2**31 so they never show another task's item of
+the usual seed ranges; a small model rarely answers in tags without one. The item is
+`create_dataset(NAME, seed=N, size=1, **config)[0]`: the same seed gives the same problem on every worker. The reply's last
 `<answer>...</answer>` is scored by the dataset's own `score_answer` (rewards in [0, 1]).
 
 Retry variant: a score below 1 with attempts left comes back as feedback ("not correct, try
@@ -28,6 +31,8 @@ from env_workers.registry import EnvSpec, UnknownEnv
 from wire import Message
 
 MAX_ATTEMPTS = 10
+MAX_EXAMPLES = 8
+EXAMPLE_SEED = 1 << 31  # worked examples come from seed N + this: a task's own item is never one
 FEEDBACK = ("That answer is not correct (score {score:.2f}). Think again and give your final answer "
             "in <answer></answer> tags. Attempts left: {left}.")
 
@@ -47,15 +52,23 @@ class ReasoningGymEnv:
         attempts = task.get("attempts", 3 if self.retry else 1)
         if not isinstance(attempts, int) or not 1 <= attempts <= MAX_ATTEMPTS or (attempts > 1 and not self.retry):
             raise EnvError(f"attempts must be 1..{MAX_ATTEMPTS} (more than 1 only for reasoning_gym_retry)")
+        examples = task.get("examples", 0)
+        if not isinstance(examples, int) or isinstance(examples, bool) or not 0 <= examples <= MAX_EXAMPLES:
+            raise EnvError(f"examples must be an integer 0..{MAX_EXAMPLES}, got {examples!r}")
+        key = json.dumps(config, sort_keys=True)
         try:  # a config the generator refuses is the task's fault
-            self._data = _dataset(self.dataset, json.dumps(config, sort_keys=True), n)
+            self._data = _dataset(self.dataset, key, n, 1)
+            shots = _dataset(self.dataset, key, n + EXAMPLE_SEED, examples) if examples else []
         except (TypeError, ValueError, AssertionError, KeyError, AttributeError) as e:
             raise EnvError(f"reasoning_gym {self.dataset!r} refused the task: {type(e).__name__}: {e}") from e
         self._entry = self._data[0]
         self._left, self._done = attempts, False
-        return ([Message(role="system", content=SYSTEM_PROMPTS["default"]),
-                 Message(role="user", content=self._entry["question"])],
-                {"dataset": self.dataset, "attempts": attempts})
+        opening = [Message(role="system", content=SYSTEM_PROMPTS["default"])]
+        for shot in (shots[i] for i in range(examples)):
+            opening += [Message(role="user", content=shot["question"]),
+                        Message(role="assistant", content=f"<answer>{shot['answer']}</answer>")]
+        return ([*opening, Message(role="user", content=self._entry["question"])],
+                {"dataset": self.dataset, "attempts": attempts, "examples": examples})
 
     def step(self, action: str) -> StepResult:
         if self._done:
@@ -76,11 +89,11 @@ class ReasoningGymEnv:
 
 
 @functools.lru_cache(maxsize=64)  # a GRPO group opens the same task group_size times; some generators take ~1 s
-def _dataset(name: str, config_json: str, seed: int) -> Any:
+def _dataset(name: str, config_json: str, seed: int, size: int) -> Any:
     config = json.loads(config_json)
     if name == "composite" and isinstance(config.get("datasets"), list):  # its parts, as JSON objects
         config["datasets"] = [DatasetSpec(**d) if isinstance(d, dict) else d for d in config["datasets"]]
-    return reasoning_gym.create_dataset(name, seed=seed, size=1, **config)
+    return reasoning_gym.create_dataset(name, seed=seed, size=size, **config)
 
 
 def _jsonable(v: Any) -> Any:

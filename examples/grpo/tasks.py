@@ -8,6 +8,7 @@ defaults that suit the env.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -65,6 +66,30 @@ def _household_well_formed(t: Trajectory) -> float:
     return 0.25 * valid + 0.75 * took
 
 
+def _reasoning_gym(config: dict, examples: int) -> Callable[[int, int], dict]:
+    """A reasoning-gym item per seed (its generator's `config`), after `examples` worked
+    examples of the same generator as earlier chat turns (the adapter's `examples`)."""
+    return lambda seed, level: {"seed": seed, "config": config, "examples": examples}
+
+
+def _answer_tagged(t: Trajectory) -> bool:
+    """The reply put an answer in the tags the scorer reads (right or wrong)."""
+    replies = [m.content for m in t.messages if m.role == "assistant"]
+    return bool(replies) and re.search(r"<answer>.+?</answer>", replies[-1], re.DOTALL) is not None
+
+
+# reasoning-gym generators with a config small enough for a 135M model; `python -m
+# examples.grpo.probe` measures the base model on each (how the one trained was chosen).
+RG_TASKS = {
+    "chain_sum": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
+    "basic_arithmetic": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
+    "gcd": {"min_value": 1, "max_value": 20},
+    "leg_counting": {"min_animals": 1, "max_animals": 1},
+    "word_sequence_reversal": {"min_words": 3, "max_words": 3},
+    "spell_backward": {"min_word_len": 3, "max_word_len": 4},
+    "letter_counting": {"min_words": 1, "max_words": 2},
+}
+
 TASKS = {
     "calc": TaskSpec("calc", "calc", _calc, _calc_well_formed, max_tokens=24, max_turns=3, format_bonus=0.2,
                      well_formed_label="calc, then answer", prompts=8, lr=2e-5),
@@ -72,3 +97,7 @@ TASKS = {
                           max_turns=4, format_bonus=0.4, well_formed_label="valid commands, took the object", prompts=6,
                           lr=5e-5),
 }
+TASKS |= {f"rg-{name}": TaskSpec(f"rg-{name}", f"reasoning_gym:{name}", _reasoning_gym(config, examples=2), _answer_tagged,
+                                 max_tokens=24, max_turns=1, format_bonus=0.2, well_formed_label="answer in tags",
+                                 prompts=8, lr=2e-5)
+          for name, config in RG_TASKS.items()}

@@ -46,6 +46,24 @@ def test_calc_bonus_needs_a_call_then_an_answer():
     assert not spec.well_formed(transcript(CalcEnv(), task, ["calc: 1 + 1"], "calc"))
 
 
+def test_reasoning_gym_bonus_needs_an_answer_in_tags_and_the_reward_is_its_scorer():
+    from env_workers import registry
+
+    spec = TASKS["rg-chain_sum"]
+    task = spec.make(HELD_OUT_BASE + 3, 1)
+    assert task["examples"] == 2 and spec.env == "reasoning_gym:chain_sum"
+    env = registry.make(spec.env)
+    question = env.reset(task)[0][-1].content
+    answer = str(eval(question.rsplit(":", 1)[1].rstrip("= ")))  # "... problem: 4 - 1 =" -> "3"
+    right = transcript(registry.make(spec.env), task, [f"<answer>{answer}</answer>"], spec.env)
+    wrong = transcript(registry.make(spec.env), task, [f"<answer>{int(answer) + 1}</answer>"], spec.env)
+    assert spec.well_formed(right) and spec.well_formed(wrong)
+    assert not spec.well_formed(transcript(registry.make(spec.env), task, [answer], spec.env))
+    r = registry.make(spec.env)
+    r.reset(task)
+    assert r.step(f"<answer>{answer}</answer>").reward == 1.0
+
+
 def test_tasks_differ_by_seed_and_training_seeds_stay_below_held_out():
     cfg = Config(task="household", level=2, out=None)
     from examples.grpo.trainer import Trainer

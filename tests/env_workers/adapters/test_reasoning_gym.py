@@ -87,6 +87,21 @@ def test_retry_variant_gives_feedback_then_scores_the_last_answer():
         env.step("<answer>1</answer>")
 
 
+def test_worked_examples_come_first_from_seeds_no_task_uses():
+    env = registry.make("reasoning_gym:basic_arithmetic")
+    obs, info = env.reset({"seed": 5, "examples": 2})
+    entry = reasoning_gym.create_dataset("basic_arithmetic", seed=5, size=1)[0]
+    shots = reasoning_gym.create_dataset("basic_arithmetic", seed=5 + rg.EXAMPLE_SEED, size=2)
+    assert [m.role for m in obs] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert [obs[1].content, obs[3].content] == [shots[0]["question"], shots[1]["question"]]
+    assert obs[2].content == f"<answer>{shots[0]['answer']}</answer>" and info["examples"] == 2
+    assert obs[-1].content == entry["question"]  # the task's own item, as without examples
+    assert env.step(f"<answer>{entry['answer']}</answer>").reward == 1.0
+    for bad in (-1, 9, True, "2"):
+        with pytest.raises(EnvError, match="examples"):
+            env.reset({"seed": 5, "examples": bad})
+
+
 def test_single_turn_refuses_attempts():
     with pytest.raises(EnvError, match="attempts"):
         registry.make("reasoning_gym:leg_counting").reset({"seed": 1, "attempts": 3})
