@@ -6,8 +6,8 @@ e.g. `{"min_animals": 2}`; `composite` needs `"datasets": [{"name", "weight", "c
 same generator and config before the question, as earlier chat turns (its question, then
 `<answer>ANSWER</answer>`), drawn at seed N + 2**31 so they never show another task's item of
 the usual seed ranges; a small model rarely answers in tags without one. The item is
-`create_dataset(NAME, seed=N, size=1, **config)[0]`: the same seed gives the same problem on every worker. The reply's last
-`<answer>...</answer>` is scored by the dataset's own `score_answer` (rewards in [0, 1]).
+`create_dataset(NAME, seed=N, size=1, **config)[0]`: the same seed gives the same problem on
+every worker. The reply's last `<answer>...</answer>` is scored by the dataset's own `score_answer` (rewards in [0, 1]).
 
 Retry variant: a score below 1 with attempts left comes back as feedback ("not correct, try
 again") and reward 0; the episode's reward is the score of its last answer, given on the last

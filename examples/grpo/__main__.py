@@ -1,9 +1,10 @@
-"""GRPO through rollout-service: SmolLM2-135M-Instruct learns a tool, or a household game.
+"""GRPO through rollout-service: SmolLM2-135M-Instruct learns a tool, a household game, or a reasoning-gym task.
 
     python -m examples.grpo                                  # calc: starts `rollout up --engine vllm`, 30 steps
     python -m examples.grpo --task household --eval-every 4 --target 0.95   # the textworld game, level 1
     python -m examples.grpo --mode async --max-staleness 1
     python -m examples.grpo --mode compare --steps 4         # sync vs async wall time, same steps
+    python -m examples.grpo --task rg-chain_sum --steps 40   # a reasoning-gym generator
     python -m examples.grpo --url http://127.0.0.1:8000      # a running service on this machine
 
 (run from the repository root). Every rollout comes from the service (vLLM on CPU, an env
@@ -19,6 +20,10 @@ Tasks (`tasks.py`):
   -> `answer: 12`). Sampling stops at a newline, so every action is one line.
 - household: the `textworld` game at `--level` (1: one room, the object in sight, two
   commands win; 2: one room with closed receptacles; 3: the house), up to 6 commands.
+- rg-NAME: a reasoning-gym generator (`tasks.RG_TASKS`: small configs), one answer in
+  `<answer></answer>` tags scored by the generator's own scorer, after two worked examples of
+  the generator as earlier chat turns. `python -m examples.grpo.probe` measures the base model
+  on each; rg-chain_sum (a ± b, one digit): held-out 0.078 -> 0.641 in 40 steps (README).
 
 Modes: see `trainer.py` (sync; async with continuous refill, a per-turn staleness bound,
 partial rollouts across weight updates and early stop).

@@ -97,7 +97,7 @@ TASKS = {
                           max_turns=4, format_bonus=0.4, well_formed_label="valid commands, took the object", prompts=6,
                           lr=5e-5),
 }
-TASKS |= {f"rg-{name}": TaskSpec(f"rg-{name}", f"reasoning_gym:{name}", _reasoning_gym(config, examples=2), _answer_tagged,
-                                 max_tokens=24, max_turns=1, format_bonus=0.2, well_formed_label="answer in tags",
-                                 prompts=8, lr=2e-5)
+TASKS |= {f"rg-{name}": TaskSpec(f"rg-{name}", f"reasoning_gym:{name}", _reasoning_gym(config, examples=2),
+                                 _answer_tagged, max_tokens=24, max_turns=1, format_bonus=0.2,
+                                 well_formed_label="answer in tags", prompts=8, lr=2e-5)
           for name, config in RG_TASKS.items()}
