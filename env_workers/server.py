@@ -200,7 +200,9 @@ def create_app(max_sessions: int = 1024, idle_s: float = 600.0,
                 continue
             loops["heartbeat"] = "ok"
             failures = 0
-            if asyncio.current_task().cancelling():  # a cancel the Redis client dropped (Python 3.11's wait_for)
+            # scheduler.connection.cancel_point, inline (env workers import nothing of the scheduler):
+            # a cancel the Redis client dropped (Python 3.11's wait_for) still ends this loop.
+            if asyncio.current_task().cancelling():
                 raise asyncio.CancelledError
             await asyncio.sleep(3.0)
 

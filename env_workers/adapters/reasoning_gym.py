@@ -64,7 +64,7 @@ class ReasoningGymEnv:
         self._entry = self._data[0]
         self._left, self._done = attempts, False
         opening = [Message(role="system", content=SYSTEM_PROMPTS["default"])]
-        for shot in (shots[i] for i in range(examples)):
+        for shot in shots:
             opening += [Message(role="user", content=shot["question"]),
                         Message(role="assistant", content=f"<answer>{shot['answer']}</answer>")]
         return ([*opening, Message(role="user", content=self._entry["question"])],
