@@ -1,7 +1,7 @@
 """Does the simulator reproduce a real rollout run? A real batch on vLLM CPU engines, the same
 workload simulated with the CPU preset, one line per figure.
 
-    python benchmarks/sim_fidelity.py                      # tiny model, 64 episodes, 3 runs (~20 min loaded)
+    python benchmarks/sim_fidelity.py                      # tiny model, 64 episodes, 4 runs (~5 min on a quiet machine)
     python benchmarks/sim_fidelity.py --resimulate         # the simulations again, from the recordings
 
 For each configuration (`--configs ENGINESxCONCURRENCY,...`, default 2 engines and 1, 16
@@ -16,13 +16,16 @@ CPU preset `benchmarks/sim/data/cpu/preset.json`). Prints
 for makespan, p50/p90 trajectory latency, mean per-turn prefill and decode time and engine
 busy fraction, the median of `--runs` runs, for four simulations: `engine` (the engine-only
 simulation), `service` (plus the two per-turn overhead terms of `fidelity.Overhead`, read off
-the same recording), `loaded` (plus the engine slowed by the contention measured in the run:
-`fidelity.contention`; its decode figure is fitted, the others are not) and `per-turn` (the
-same, with each turn's own recorded overheads instead of their means); from the second run on,
-`carried` predicts a run from the one before it (its contention and overhead means, this run's
-workload): nothing in it is read off the run it is compared with. Every run notes the load
-average before and after (the machine is shared); the JSON (`--out`) has every run's figures,
-recording paths and loads. Results and their reading: `benchmarks/sim/README.md`.
+the same recording), `loaded` (plus the engine slowed by the contention measured in the run,
+`fidelity.contention`, and the engines spread apart by the speeds measured in it,
+`fidelity.engine_spread`; its engine time per turn, prefill + decode, is fitted, the other
+figures are not) and `per-turn` (the same, with each turn's own recorded overheads instead of
+their means); from the second run on, `carried` predicts a run from the one before it (its
+contention, spread and overhead means, this run's workload): nothing in it is read off the run
+it is compared with, so with `--runs 4` the first run calibrates and three are predicted. Every
+run notes the load average before and after; the JSON (`--out`) has every run's figures,
+recording paths, loads and the engines' sampled `/metrics`. Results and their reading:
+`benchmarks/sim/README.md`.
 
 Non-goals: GPUs, prefill/decode disaggregation (every engine is mixed), failures.
 """
@@ -42,8 +45,8 @@ from pathlib import Path
 import httpx
 
 from benchmarks.sim import cpu_preset
-from benchmarks.sim.fidelity import (Figures, Line, Overhead, Runs, contention, real_figures, recorded_workload,
-                                     request_delays, simulate)
+from benchmarks.sim.fidelity import (Figures, Line, Overhead, Runs, contention, engine_spread, real_figures,
+                                     recorded_workload, request_delays, simulate)
 from rollout_service.local import vllm_local
 from rollout_service.recording import read, write
 from trainer_client import RolloutClient
@@ -52,27 +55,34 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _up import start_up  # noqa: E402
 
 _GAUGE = re.compile(r"^vllm:num_requests_(running|waiting)\{[^}]*\}\s+([0-9.eE+-]+)", re.M)
+_COUNTER = re.compile(r"^vllm:(prompt|generation)_tokens_total\{[^}]*\}\s+([0-9.eE+-]+)", re.M)
 
 
 class BusyProbe:
-    """Samples each engine's /metrics every `period_s`: busy when a request runs or waits. Not
+    """Samples each engine's /metrics every `period_s`: (seconds since start, requests running,
+    waiting, prompt tokens and generated tokens so far). Busy: a request runs or waits. Not
     faster: rendering /metrics costs the engine's API server CPU time on the shared cores."""
 
     def __init__(self, urls: list[str], period_s: float = 0.5):
         self.urls, self.period_s = urls, period_s
-        self.samples = {u: [] for u in urls}
+        self.samples: dict[str, list[tuple[float, float, float, float, float]]] = {u: [] for u in urls}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
+        t0 = time.monotonic()
         with httpx.Client(timeout=5) as http:
             while not self._stop.is_set():
                 for u in self.urls:
                     try:
                         text = http.get(f"{u}/metrics").text
-                        self.samples[u].append(sum(float(v) for _, v in _GAUGE.findall(text)) > 0)
                     except httpx.HTTPError:
-                        pass
+                        continue
+                    g = dict.fromkeys(("running", "waiting", "prompt", "generation"), 0.0)
+                    for k, v in (*_GAUGE.findall(text), *_COUNTER.findall(text)):
+                        g[k] += float(v)
+                    self.samples[u].append((round(time.monotonic() - t0, 3), g["running"], g["waiting"],
+                                            g["prompt"], g["generation"]))
                 self._stop.wait(self.period_s)
 
     def __enter__(self) -> BusyProbe:
@@ -84,8 +94,12 @@ class BusyProbe:
         self._thread.join()
 
     def fraction(self) -> float:
-        per = [sum(s) / len(s) for s in self.samples.values() if s]
+        per = [sum(r + w > 0 for _, r, w, _, _ in s) / len(s) for s in self.samples.values() if s]
         return sum(per) / len(per) if per else 0.0
+
+    def series(self) -> list[list[tuple[float, float, float, float, float]]]:
+        """Each engine's samples, in the order of `urls`."""
+        return [self.samples[u] for u in self.urls]
 
 
 def load() -> float:
@@ -93,9 +107,9 @@ def load() -> float:
 
 
 def run_batch(gateway: str, engine_urls: list[str], trajectories: int, turns: int, max_tokens: int,
-              recording: Path, seed: int = 0) -> tuple[list, float, float]:
+              recording: Path, seed: int = 0) -> tuple[list, float, BusyProbe]:
     """One batch of `calc` episodes through the service; its recording is written to `recording`.
-    Returns (trajectories, makespan in s, engine busy fraction)."""
+    Returns (trajectories, makespan in s, the engines' metrics sampled through the batch)."""
     tasks = [{"seed": seed * 100_000 + i} for i in range(trajectories)]
     with RolloutClient(gateway, timeout=120) as c, BusyProbe(engine_urls) as probe:
         b = c.submit(tasks, env="calc", sampling={"temperature": 1.0, "max_tokens": max_tokens, "seed": seed},
@@ -112,7 +126,7 @@ def run_batch(gateway: str, engine_urls: list[str], trajectories: int, turns: in
     failed = [t for t in trajs if t.failure is not None]
     if failed:
         raise RuntimeError(f"{len(failed)} trajectories failed, e.g. {failed[0].failure}")
-    return trajs, st.finished_at - st.created_at, probe.fraction()
+    return trajs, st.finished_at - st.created_at, probe
 
 
 def start_service(redis_url: str, engines: list[str], model: str, tokenizer: str, concurrency: int):
@@ -127,37 +141,40 @@ def start_service(redis_url: str, engines: list[str], model: str, tokenizer: str
 
 
 SIMS = ("engine", "service", "loaded", "per-turn")
-CONTENTION_ROUNDS = 3  # fixed-point rounds matching the loaded simulation's decode time to the run's
+CONTENTION_ROUNDS = 3  # fixed-point rounds matching the loaded simulation's engine time per turn to the run's
 
 
 def simulate_run(recording: Path, model: str, engines: int, concurrency: int, real: Figures) -> dict:
     """Four simulations of one recorded run: `engine` (the preset, engines only), `service`
     (plus the mean per-turn overhead terms read off the recording), `loaded` (plus the preset
-    slowed by the run's measured contention), `per-turn` (`loaded` with each turn's own recorded
-    overheads); with the overhead and the contention factor used."""
+    slowed by the run's measured contention, the engines spread apart as measured), `per-turn`
+    (`loaded` with each turn's own recorded overheads); with the overhead, contention and spread used."""
     _, records = read(recording)
-    over = Overhead.from_recording([r.trajectory for r in records], f"means of {recording.name}")
+    trajs = [r.trajectory for r in records]
+    over = Overhead.from_recording(trajs, f"means of {recording.name}")
+    spread = engine_spread(trajs)
     cost = cpu_preset.engine(model)
     engine_only = simulate(recorded_workload(recording, concurrency, engines), engines, cost)
     wl = recorded_workload(recording, concurrency, engines, over)
     x, loaded = contention(real, engine_only), None
     for _ in range(CONTENTION_ROUNDS):  # slower steps change the batches, and the batch the step time
-        loaded = simulate(wl, engines, cpu_preset.engine(model, gpu=cpu_preset.slowed(cost.gpu, x)), over)
-        x = max(x * real.decode_mean_s / loaded.decode_mean_s, 1.0)
+        loaded = simulate(wl, engines, cpu_preset.engine(model, gpu=cpu_preset.slowed(cost.gpu, x)), over, spread=spread)
+        x = max(x * real.engine_s / loaded.engine_s, 1.0)
     slow = cpu_preset.engine(model, gpu=cpu_preset.slowed(cost.gpu, x))
     per_turn = recorded_workload(recording, concurrency, engines, per_turn=True)
-    return {"engine": engine_only, "service": simulate(wl, engines, cost, over), "loaded": simulate(wl, engines, slow, over),
-            "per-turn": simulate(per_turn, engines, slow, delays=request_delays(recording)),
-            "overhead": over, "contention": x}
+    return {"engine": engine_only, "service": simulate(wl, engines, cost, over),
+            "loaded": simulate(wl, engines, slow, over, spread=spread),
+            "per-turn": simulate(per_turn, engines, slow, delays=request_delays(recording), spread=spread),
+            "overhead": over, "contention": x, "spread": spread}
 
 
 def fidelity_run(gateway: str, engine_urls: list[str], model: str, concurrency: int, trajectories: int,
                  turns: int, max_tokens: int, recording: Path, seed: int) -> dict:
     """A real batch and its two simulations: {"real", "engine", "service"} Figures, overhead, loads."""
     before = load()
-    trajs, makespan, busy = run_batch(gateway, engine_urls, trajectories, turns, max_tokens, recording, seed)
+    trajs, makespan, probe = run_batch(gateway, engine_urls, trajectories, turns, max_tokens, recording, seed)
     after = load()
-    real = real_figures(trajs, makespan, busy)
+    real = real_figures(trajs, makespan, probe.fraction())
     return {"real": real, **simulate_run(recording, model, len(engine_urls), concurrency, real),
             "load_before": before, "load_after": after, "recording": str(recording)}
 
@@ -181,14 +198,15 @@ def report(results: dict) -> None:
                 run[label] = sims[label].row()
             run["overhead"] = dataclasses.asdict(sims["overhead"])
             run["contention"] = round(sims["contention"], 3)
-            if prev is not None:  # a prediction: the previous run's contention and overheads, this run's workload
-                x, over = prev
+            run["spread"] = round(sims["spread"], 3)
+            if prev is not None:  # a prediction: the previous run's contention, spread and overheads, this run's workload
+                x, spread, over = prev
                 slow = cpu_preset.engine(model, gpu=cpu_preset.slowed(cpu_preset.preset(model), x))
-                sim = simulate(recorded_workload(rec, cfg["concurrency"], n, over), n, slow, over)
+                sim = simulate(recorded_workload(rec, cfg["concurrency"], n, over), n, slow, over, spread=spread)
                 carried.real.append(real)
                 carried.sim.append(sim)
                 run["carried"] = sim.row()
-            prev = (sims["contention"], sims["overhead"])
+            prev = (sims["contention"], sims["spread"], sims["overhead"])
         if carried.real:
             by["carried"] = carried
         loads = [x for run in cfg["runs"] for x in (run["load_before"], run["load_after"])]
@@ -227,10 +245,11 @@ def real_runs(a, results: dict, out: Path) -> None:
                 for r in range(a.runs):
                     recording = rec_dir / f"{name}-run{r}.jsonl"
                     before = load()
-                    trajs, makespan, busy = run_batch(gw, urls[:engines], a.trajectories, a.turns, a.max_tokens,
-                                                      recording, seed=r + 1)
-                    cfg["runs"].append({"real": real_figures(trajs, makespan, busy).row(), "load_before": before,
-                                        "load_after": load(), "recording": str(recording)})
+                    trajs, makespan, probe = run_batch(gw, urls[:engines], a.trajectories, a.turns, a.max_tokens,
+                                                       recording, seed=r + 1)
+                    cfg["runs"].append({"real": real_figures(trajs, makespan, probe.fraction()).row(),
+                                        "load_before": before, "load_after": load(), "recording": str(recording),
+                                        "engine_metrics": probe.series()})
                     out.write_text(json.dumps(results, indent=1) + "\n")
                     print(f"run {r} {name}: makespan {makespan:.1f} s, load {before} -> {load()}", file=sys.stderr)
             finally:
@@ -248,7 +267,7 @@ def main() -> None:
     ap.add_argument("--trajectories", type=int, default=64)
     ap.add_argument("--turns", type=int, default=3, help="max_turns of each calc episode")
     ap.add_argument("--max-tokens", type=int, default=16)
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=4, help="per configuration; the first calibrates `carried`")
     ap.add_argument("--cpus", default="0,1", help="one core per engine, in order")
     ap.add_argument("--redis-url", default=os.environ.get("ROLLOUT_REDIS_URL", "redis://127.0.0.1:6379/0"))
     ap.add_argument("--out", default="benchmarks/results/sim_fidelity_tiny.json")

@@ -28,10 +28,12 @@ the recorded overheads replayed, spread and all.
 
 The engine's own speed is the preset's, one engine alone on an idle core. On a shared machine
 the real engine runs slower by a factor that depends on the neighbours, not on the workload;
-`contention(real, engine_only)` reads it off the run (real mean decode time per turn over the
-engine-only simulation's), and `cpu_preset.slowed(preset, x)` applies it. A simulation with it
-is fitted to that one figure of the run: its decode time is no test of the simulator, but the
-makespan, latencies, prefill time and busy fraction still are.
+`contention(real, sim)` reads it off the run (real mean engine time per turn, prefill + decode,
+over the simulation's), and `cpu_preset.slowed(preset, x)` applies it. Engines sharing a machine
+also run at different speeds; `engine_spread` measures how far apart, `spread_costs` spaces the
+simulated engines so. A simulation with both is fitted to the run's engine time per turn: that
+is no test of the simulator, but the makespan, latencies and busy fraction still are, and
+carried from one run to the next they are a prediction.
 
 Figures: makespan (submission to the last result; the simulation from its start), p50/p90
 trajectory latency (the worker's `active_s`: claim to end; the simulation from a slot opening
@@ -44,12 +46,14 @@ Non-goals: starting engines or the service (`benchmarks/sim_fidelity.py`), GPUs.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import mean, median
 
 from benchmarks.sim.cluster import Cluster, Policy
 from benchmarks.sim.cost import ClusterCost
+from benchmarks.sim.cpu_preset import slowed
 from benchmarks.sim.trace import TraceWorkload, trace_workload
 from rollout_service.recording import read
 from wire import Trajectory
@@ -85,6 +89,11 @@ class Figures:
     busy_fraction: float
     trajectories: int = 0
     turns: int = 0
+
+    @property
+    def engine_s(self) -> float:
+        """Mean engine time per turn: prefill and decode."""
+        return self.prefill_mean_s + self.decode_mean_s
 
     def row(self) -> dict:
         return {f: round(getattr(self, f), 4) for f in (*FIGURES, "trajectories", "turns")}
@@ -182,14 +191,38 @@ class TimedCluster(Cluster):
         super()._finish(tid)
 
 
-def contention(real: Figures, engine_only: Figures) -> float:
-    """How many times slower the real engine decoded than the preset, in this run (≥ 1)."""
-    return max(real.decode_mean_s / engine_only.decode_mean_s, 1.0) if engine_only.decode_mean_s else 1.0
+def contention(real: Figures, sim: Figures) -> float:
+    """How many times slower the real engine was than in `sim`, in this run (≥ 1): the ratio of
+    their engine time per turn (prefill + decode, what a trajectory waits on the engine for)."""
+    return max(real.engine_s / sim.engine_s, 1.0) if sim.engine_s else 1.0
+
+
+def engine_spread(trajs: list[Trajectory]) -> float:
+    """How far apart the engines' speeds were: (slowest − fastest) / (slowest + fastest) of their
+    mean engine time per turn (prefill + decode); 0 with one engine."""
+    per: dict[str, list[float]] = {}
+    for t in trajs:
+        for u in t.turns:
+            per.setdefault(u.engine_id, []).append(u.timings.prefill_s + u.timings.decode_s)
+    means = [mean(v) for v in per.values()]
+    return (max(means) - min(means)) / (max(means) + min(means)) if len(means) > 1 and sum(means) else 0.0
+
+
+def spread_costs(cost: ClusterCost, engines: int, spread: float) -> list[ClusterCost]:
+    """Each engine's cost: step times spaced evenly from (1 + spread) to (1 − spread) times
+    `cost`'s (`engine_spread`), their mean unchanged."""
+    if not spread or engines < 2:
+        return [cost] * engines
+    return [dataclasses.replace(cost, gpu=slowed(cost.gpu, 1 + spread * (1 - 2 * i / (engines - 1))))
+            for i in range(engines)]
 
 
 def simulate(wl: TraceWorkload, engines: int, cost: ClusterCost, overhead: Overhead = Overhead(),
-             delays: list[list[float]] | None = None) -> Figures:
+             delays: list[list[float]] | None = None, spread: float = 0.0) -> Figures:
+    """`spread` > 0: engines of unequal speed (`spread_costs`)."""
     c = TimedCluster(wl, engines, Policy.colocated(), "async", cost=cost, overhead=overhead, delays=delays)
+    for g, g_cost in zip(c.gpus.values(), spread_costs(cost, engines, spread), strict=True):
+        g.cost = g_cost
     res = c.run()
     return Figures(res.makespan_s, pct(c.latency, 0.5), pct(c.latency, 0.9), mean(c.prefill), mean(c.decode),
                    res.utilization, res.trajectories, res.turns)

@@ -1,5 +1,6 @@
 """The fidelity replay (benchmarks/sim/fidelity.py) on the recording shipped in data/traces:
-queue order, the per-turn overhead terms, and the figures' bookkeeping."""
+queue order, the per-turn overhead terms, the engines' contention and spread, and the figures'
+bookkeeping."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from statistics import mean
 import pytest
 
 from benchmarks.sim import cpu_preset
-from benchmarks.sim.fidelity import FIGURES, Overhead, compare, pct, real_figures, recorded_workload, simulate
+from benchmarks.sim.fidelity import (FIGURES, Figures, Overhead, compare, contention, engine_spread, pct, real_figures,
+                                     recorded_workload, simulate, spread_costs)
 from rollout_service.recording import read
 
 TRACE = Path(__file__).parents[2] / "benchmarks/sim/data/traces/textworld-smollm2-cpu.jsonl"
@@ -54,3 +56,35 @@ def test_figures_and_lines():
     lines = compare(real, real)
     assert [ln.name for ln in lines] == list(FIGURES) and all(ln.error_pct == 0 for ln in lines)
     assert lines[0].text("2e-c8/service ") == "fidelity 2e-c8/service makespan_s real=100 sim=100 error=+0.0%"
+
+
+def test_contention_is_read_off_the_engine_time_per_turn():
+    sim = Figures(10.0, 1.0, 2.0, prefill_mean_s=0.05, decode_mean_s=0.25, busy_fraction=0.9)
+    real = Figures(10.0, 1.0, 2.0, prefill_mean_s=0.10, decode_mean_s=0.50, busy_fraction=0.9)
+    assert contention(real, sim) == pytest.approx(2.0)  # (0.10 + 0.50) / (0.05 + 0.25)
+    assert contention(sim, real) == 1.0  # never faster than the preset
+
+
+def test_spread_measures_how_far_apart_the_engines_ran():
+    trajs = [r.trajectory for r in read(TRACE)[1]]
+    assert engine_spread(trajs) == 0.0  # the trace ran on one engine
+    for i, t in enumerate(trajs):  # every other trajectory on a second engine, 3x as slow
+        for u in t.turns:
+            u.engine_id = f"e{i % 2}"
+            if i % 2:
+                u.timings.prefill_s, u.timings.decode_s = 0.3, 0.9
+            else:
+                u.timings.prefill_s, u.timings.decode_s = 0.1, 0.3
+    assert engine_spread(trajs) == pytest.approx(0.5)  # (1.2 - 0.4) / (1.2 + 0.4)
+
+
+def test_a_spread_slows_one_engine_and_speeds_the_other():
+    cost = cpu_preset.engine("smollm2")
+    base = cost.step_time(8, 8 * 500)
+    slow, mid, fast = spread_costs(cost, 3, 0.2)
+    assert [c.step_time(8, 8 * 500) / base for c in (slow, mid, fast)] == pytest.approx([1.2, 1.0, 0.8])
+    assert spread_costs(cost, 1, 0.2) == [cost] and spread_costs(cost, 2, 0.0) == [cost, cost]
+    even = simulate(recorded_workload(TRACE, 2, 2), 2, cost)
+    apart = simulate(recorded_workload(TRACE, 2, 2), 2, cost, spread=0.2)
+    assert (apart.trajectories, apart.turns) == (even.trajectories, even.turns)
+    assert apart.decode_mean_s != even.decode_mean_s

@@ -1,7 +1,8 @@
-"""The local vLLM's command line: the dtype follows the CPU (or the override)."""
+"""The local vLLM's command line: the dtype follows the CPU (or the override); threads follow its cores."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from rollout_service.local import vllm_local
@@ -20,3 +21,12 @@ def test_dtype_override_reaches_the_command_line(monkeypatch):
     assert argv[argv.index("--dtype") + 1] == "bfloat16"
     argv, _ = vllm_local.serve_command("/models/m", 8000, "m", dtype="float32")
     assert argv[argv.index("--dtype") + 1] == "float32"
+
+
+def test_an_engine_runs_as_many_threads_as_it_has_cores():
+    _, env = vllm_local.serve_command("/models/m", 8000, "m", cpus="1")
+    assert (env["VLLM_CPU_OMP_THREADS_BIND"], env["OMP_NUM_THREADS"]) == ("1", "1")
+    _, env = vllm_local.serve_command("/models/m", 8000, "m", cpus="0-3,8,10-11")
+    assert env["OMP_NUM_THREADS"] == "7"
+    _, env = vllm_local.serve_command("/models/m", 8000, "m")  # every core this process may use
+    assert env["OMP_NUM_THREADS"] == str(len(os.sched_getaffinity(0)))
