@@ -10,9 +10,9 @@ writing: the first result wins.
 Infrastructure failures (engine, env, internal) are given back to the queue while the
 trajectory has attempts left; after that they are recorded as failed with their kind.
 Losing a peer is different: when an engine or env worker is unreachable (it died or is
-restarting) or Redis is away, the episode is restarted from scratch with the same seeds and
-counted as a restart, never charged to the trajectory's attempts (the queue's larger
-`max_restarts` stops poison work). Redis going away never kills the worker: every Redis
+restarting), or Redis is away or answers an error (a failover in progress), the episode is
+restarted from scratch with the same seeds and counted as a restart, never charged to the
+trajectory's attempts (the queue's larger `max_restarts` stops poison work). Redis going away never kills the worker: every Redis
 call backs off and tries again, and a result waits for Redis to return (within its lease).
 Any worker also reaps expired leases, so no separate reaper process is needed.
 
@@ -33,7 +33,7 @@ from env_workers.client import EnvBackend, EnvWorkerLost
 from rollout_service.engines.base import EngineLost
 from rollout_service.engines.fleet import Fleet
 from rollout_service.rollout import run_episode
-from scheduler.connection import UNAVAILABLE, Backoff, cancel_point
+from scheduler.connection import REDIS_FAULT, UNAVAILABLE, Backoff, cancel_point
 from scheduler.forecast import Forecaster
 from scheduler.keys import batch_of
 from scheduler.lifecycle import Lifecycle
@@ -43,8 +43,8 @@ from wire import Failure, FailureKind, Trajectory, TrajectoryState, Turn
 
 log = logging.getLogger(__name__)
 
-# Lost peers: the episode restarts, uncharged (see the module docstring).
-LOST = (EngineLost, EnvWorkerLost, *UNAVAILABLE)
+# Lost peers, or Redis in trouble: the episode restarts, uncharged (see the module docstring).
+LOST = (EngineLost, EnvWorkerLost, *REDIS_FAULT)
 
 
 class LoopDied(RuntimeError):
@@ -270,7 +270,7 @@ class Worker:
         except LOST as e:
             kind = FailureKind.engine if isinstance(e, EngineLost) else \
                 FailureKind.env if isinstance(e, EnvWorkerLost) else FailureKind.internal
-            await self._restart(claim, str(e) or repr(e), kind, work)
+            await self._restart(claim, f"{type(e).__name__}: {e}", kind, work)
             return
         except Exception as e:
             log.exception("episode crashed", extra={"trajectory_id": claim.trajectory_id})

@@ -47,6 +47,10 @@ log = logging.getLogger(__name__)
 
 # Connection refused, reset, timed out, or "LOADING" (BusyLoadingError is a ConnectionError).
 UNAVAILABLE: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError)
+# Anything Redis raised: UNAVAILABLE, or an error reply in the middle of a failover (READONLY,
+# NOREPLICAS, MASTERDOWN, a script cache the new primary has not loaded yet). Whatever it is,
+# it is the service's trouble, never a trajectory's: a worker restarts the episode uncharged.
+REDIS_FAULT: tuple[type[Exception], ...] = (redis.exceptions.RedisError,)
 
 # About 3 s of retries in all (0.05, 0.1, 0.2, 0.4, 0.8, 1.0 s + jitter): longer than an
 # embedded Redis takes to restart from its append-only file, short enough for an HTTP caller.

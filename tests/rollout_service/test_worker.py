@@ -166,6 +166,32 @@ async def test_a_lost_engine_restarts_the_episode_without_charging_an_attempt(se
     assert t.state is TrajectoryState.completed and (t.attempts, t.restarts) == (1, 4)
 
 
+class ReadOnlyOnce(SimEngine):
+    """Raises the error reply a demoted primary gives (READONLY) from its first `n` turns: an
+    error Redis raised mid-episode, as a turn's write does during a failover."""
+
+    def __init__(self, id: str, n: int):
+        super().__init__(id)
+        self.left = n
+
+    async def generate(self, req):
+        if self.left > 0:
+            self.left -= 1
+            import redis.exceptions
+
+            raise redis.exceptions.ReadOnlyError("You can't write against a read only replica.")
+        return await super().generate(req)
+
+
+async def test_a_redis_error_reply_mid_episode_restarts_it_without_charging_an_attempt(settings, redis, keys):
+    q, store = Queue(redis, keys), Store(redis, keys)
+    b = await q.enqueue(RolloutRequest(tasks=[{"seed": 1}], env="math"))
+    with RunningWorker(settings, engines={"ro": (ReadOnlyOnce("ro", 2), "byte")}):
+        await wait_done(store, b.id)
+    t = await store.trajectory(f"{b.id}-0-0")
+    assert t.state is TrajectoryState.completed and (t.attempts, t.restarts) == (1, 2)
+
+
 async def test_a_peer_that_never_returns_fails_after_max_restarts_with_its_kind(settings, redis, keys):
     settings = dataclasses.replace(settings, max_restarts=2)
     q, store = Queue(redis, keys), Store(redis, keys)
