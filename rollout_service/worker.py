@@ -225,7 +225,7 @@ class Worker:
 
     async def _handle_claim(self, claim: Claim) -> None:
         try:
-            work = await self.store.work(claim.trajectory_id)
+            work = await self.store.work(claim.trajectory_id, claim)
         except UNAVAILABLE as e:  # Redis went away between claim and load: not the trajectory's fault
             await self._restart(claim, f"cannot load: {e!r}")
             return

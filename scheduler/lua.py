@@ -172,12 +172,13 @@ return {bid, 1}
 
 CLAIM = _SHARE_FN + """
 -- ARGV: prefix, lease deadline ms, token (suffixed per claim), worker, now, most to claim.
--- Returns {tid, attempt, restarts, token, ...}: up to that many, fewest when nothing is ready.
+-- Returns {tid, attempt, restarts, token, batch, group, sample, task, ...}: up to that many, fewest
+-- when nothing is ready (the last four are the trajectory's own: its worker need not read them).
 local p, want = ARGV[1], tonumber(ARGV[6])
 local out = {}
 local scanned = 0  -- bounds the work of one call however many stale ids lie in the way
 local function group_of(tid) return string.match(tid, '^(.*)%-[0-9]+$') end
-while #out < want * 4 and scanned < 1000 do
+while #out < want * 8 and scanned < 1000 do
   local picked = nil
   for page = 0, 9 do  -- the lowest share first, past tenants at their cap (at most 1,000 looked at)
     local tenants = redis.call('ZRANGE', p .. 'tenants', page * 100, page * 100 + 99)
@@ -192,7 +193,7 @@ while #out < want * 4 and scanned < 1000 do
   local sk, rk = share_key(p, picked), p .. 'tenant:' .. picked .. ':ready'
   local cap = tonumber(redis.call('HGET', sk, 'cap') or '0')
   local group = nil
-  while #out < want * 4 and scanned < 1000 do
+  while #out < want * 8 and scanned < 1000 do
     local first = redis.call('ZRANGE', rk, 0, 0)
     if #first == 0 then break end
     local bid = first[1]
@@ -209,7 +210,7 @@ while #out < want * 4 and scanned < 1000 do
       scanned = scanned + 1
       local tkey = p .. 'traj:' .. tid
       if redis.call('HGET', tkey, 'state') == 'queued' then
-        local token = ARGV[3] .. string.format('%x', #out / 4)
+        local token = ARGV[3] .. string.format('%x', #out / 8)
         redis.call('HSET', tkey, 'state', 'running', 'token', token, 'worker', ARGV[4], 'started_at', ARGV[5])
         local attempt = tonumber(redis.call('HGET', tkey, 'attempts') or '0') + 1
         local restarts = tonumber(redis.call('HGET', tkey, 'restarts') or '0')
@@ -220,6 +221,8 @@ while #out < want * 4 and scanned < 1000 do
         if redis.call('DECR', p .. 'queued') < 0 then redis.call('SET', p .. 'queued', 0) end
         local running = redis.call('HINCRBY', sk, 'running', 1)
         out[#out + 1], out[#out + 2], out[#out + 3], out[#out + 4] = tid, attempt, restarts, token
+        local f = redis.call('HMGET', tkey, 'batch', 'group', 'sample', 'task')
+        out[#out + 1], out[#out + 2], out[#out + 3], out[#out + 4] = f[1], f[2], f[3], f[4]
         group = group_of(tid)
         if cap > 0 and running >= cap then break end
       end

@@ -62,6 +62,12 @@ class Claim:
     token: str
     attempt: int  # 1 + the failures charged to the trajectory so far
     restarts: int = 0  # times our infrastructure restarted it (never charged)
+    # What the claim read of the trajectory along the way (`Store.work` then reads only the
+    # batch's parameters, once per batch); None where a Claim was made by hand.
+    batch_id: str | None = None
+    group_index: int = 0
+    sample_index: int = 0
+    task: str | None = None  # JSON, as stored
 
 
 def _str(v: bytes | str) -> str:
@@ -145,9 +151,10 @@ class Queue:
         got = await self._claim(args=[self.k.prefix, self._deadline_ms(), secrets.token_hex(8), worker_id,
                                       time.time(), n])
         out = []
-        for i in range(0, len(got), 4):
-            tid, attempt, restarts, token = got[i:i + 4]
-            out.append(Claim(_str(tid), _str(token), int(attempt), int(restarts)))
+        for i in range(0, len(got), 8):
+            tid, attempt, restarts, token, bid, group, sample, task = got[i:i + 8]
+            out.append(Claim(_str(tid), _str(token), int(attempt), int(restarts), _str(bid), int(group), int(sample),
+                             _str(task)))
         return out
 
     async def wait(self, timeout_s: float) -> bool:

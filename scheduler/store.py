@@ -8,8 +8,9 @@ a `scheduler.results` blob store) and served packed as stored, with no decoding.
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis.asyncio as aioredis
 
@@ -28,6 +29,11 @@ from wire import (
 )
 from wire.packed import pack_trajectory, unpack, unpack_trajectory, unpack_turn
 
+if TYPE_CHECKING:
+    from scheduler.queue import Claim
+
+PARAMS_CACHED = 1024  # batches whose parameters a Store keeps parsed (least recently used go first)
+
 
 def _s(v: bytes | str | None) -> str | None:
     return v.decode() if isinstance(v, bytes) else v
@@ -42,7 +48,7 @@ class Work:
     group_index: int
     sample_index: int
     task: dict[str, Any]
-    params: RolloutRequest  # with tasks=[{}]: the batch's shared parameters
+    params: RolloutRequest  # with tasks=[{}]: the batch's shared parameters (shared: never mutate)
 
 
 class Store:
@@ -50,6 +56,7 @@ class Store:
         self.r = redis
         self.k = keys or Keys()
         self.results = results or RedisResults()  # where terminal trajectories' packed bytes live
+        self._params: OrderedDict[str, RolloutRequest] = OrderedDict()  # batch id -> its parameters (`work`)
 
     async def batch_status(self, bid: str) -> BatchStatus | None:
         h = {_s(k): _s(v) for k, v in (await self.r.hgetall(self.k.batch(bid))).items()}
@@ -191,8 +198,21 @@ class Store:
                 )))
         return out
 
-    async def work(self, tid: str) -> Work:
-        bid, group, sample, task = await self.r.hmget(self.k.traj(tid), "batch", "group", "sample", "task")
-        params = await self.r.hget(self.k.batch(_s(bid)), "params")
-        req = RolloutRequest.model_validate({**json.loads(params), "tasks": [{}]})
-        return Work(tid, _s(bid), int(group), int(sample), json.loads(task), req)
+    async def work(self, tid: str, claim: Claim | None = None) -> Work:
+        """What a worker runs for trajectory `tid`; `claim`: its lease, with the fields the claim
+        read along the way (then only the batch's parameters are read, once per batch)."""
+        if claim is not None and claim.task is not None:
+            bid, group, sample, task = claim.batch_id, claim.group_index, claim.sample_index, claim.task
+        else:
+            bid, group, sample, task = await self.r.hmget(self.k.traj(tid), "batch", "group", "sample", "task")
+        bid = _s(bid)
+        req = self._params.get(bid)
+        if req is None:  # a batch's parameters never change once submitted: read and validated once
+            params = await self.r.hget(self.k.batch(bid), "params")
+            req = RolloutRequest.model_validate({**json.loads(params), "tasks": [{}]})
+            self._params[bid] = req
+            if len(self._params) > PARAMS_CACHED:
+                self._params.popitem(last=False)
+        else:
+            self._params.move_to_end(bid)
+        return Work(tid, bid, int(group), int(sample), json.loads(task), req)

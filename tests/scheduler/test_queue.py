@@ -277,3 +277,27 @@ async def test_a_restarted_worker_releases_what_its_predecessor_held(queue, stor
     with pytest.raises(LeaseLost):
         await queue.heartbeat(held)
     assert (await store.batch_status(b.id)).counts[TrajectoryState.running] == 2
+
+
+async def test_a_claimed_trajectorys_work_carries_its_batch_parameters_read_once(queue, store, redis, keys):
+    a = await queue.enqueue(request(2, 1, max_turns=3))
+    b = await queue.enqueue(RolloutRequest(tasks=[{"q": 1}], env="calc", max_turns=5))
+    first = await store.work(f"{a.id}-0-0")
+    assert (first.task, first.params.env, first.params.max_turns, first.group_index) == ({"seed": 0}, "math", 3, 0)
+    await redis.hdel(keys.batch(a.id), "params")  # parsed once per batch: the next work of it reads no params
+    again = await store.work(f"{a.id}-1-0")
+    assert (again.task, again.params.max_turns, again.group_index) == ({"seed": 1}, 3, 1)
+    other = await store.work(f"{b.id}-0-0")  # another batch reads its own
+    assert (other.params.env, other.params.max_turns, other.task) == ("calc", 5, {"q": 1})
+
+
+async def test_a_claim_brings_the_trajectorys_fields_so_its_work_needs_no_read(queue, store, redis, keys):
+    b = await queue.enqueue(request(1, 2))
+    c = await queue.claim("w")
+    assert (c.batch_id, c.group_index, c.sample_index, c.task) == (b.id, 0, 0, '{"seed": 0}')
+    await redis.hdel(keys.traj(c.trajectory_id), "task", "group", "sample")  # from the claim, not read again
+    w = await store.work(c.trajectory_id, c)
+    assert (w.trajectory_id, w.batch_id, w.group_index, w.sample_index, w.task) == (c.trajectory_id, b.id, 0, 0,
+                                                                                      {"seed": 0})
+    many = await queue.claim_many("w", 5)  # the rest of the batch, each with its own fields
+    assert [(x.group_index, x.sample_index) for x in many] == [(0, 1)] and many[0].token != c.token
