@@ -158,7 +158,8 @@ def simulate_run(recording: Path, model: str, engines: int, concurrency: int, re
     wl = recorded_workload(recording, concurrency, engines, over)
     x, loaded = contention(real, engine_only), None
     for _ in range(CONTENTION_ROUNDS):  # slower steps change the batches, and the batch the step time
-        loaded = simulate(wl, engines, cpu_preset.engine(model, gpu=cpu_preset.slowed(cost.gpu, x)), over, spread=spread)
+        slow_x = cpu_preset.engine(model, gpu=cpu_preset.slowed(cost.gpu, x))
+        loaded = simulate(wl, engines, slow_x, over, spread=spread)
         x = max(x * real.engine_s / loaded.engine_s, 1.0)
     slow = cpu_preset.engine(model, gpu=cpu_preset.slowed(cost.gpu, x))
     per_turn = recorded_workload(recording, concurrency, engines, per_turn=True)
@@ -199,7 +200,7 @@ def report(results: dict) -> None:
             run["overhead"] = dataclasses.asdict(sims["overhead"])
             run["contention"] = round(sims["contention"], 3)
             run["spread"] = round(sims["spread"], 3)
-            if prev is not None:  # a prediction: the previous run's contention, spread and overheads, this run's workload
+            if prev is not None:  # a prediction: the previous run's contention, spread, overheads; this run's workload
                 x, spread, over = prev
                 slow = cpu_preset.engine(model, gpu=cpu_preset.slowed(cpu_preset.preset(model), x))
                 sim = simulate(recorded_workload(rec, cfg["concurrency"], n, over), n, slow, over, spread=spread)

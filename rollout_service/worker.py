@@ -12,8 +12,9 @@ trajectory has attempts left; after that they are recorded as failed with their 
 Losing a peer is different: when an engine or env worker is unreachable (it died or is
 restarting), or Redis is away or answers an error (a failover in progress), the episode is
 restarted from scratch with the same seeds and counted as a restart, never charged to the
-trajectory's attempts (the queue's larger `max_restarts` stops poison work). Redis going away never kills the worker: every Redis
-call backs off and tries again, and a result waits for Redis to return (within its lease).
+trajectory's attempts (the queue's larger `max_restarts` stops poison work). Redis going
+away never kills the worker: every Redis call backs off and tries again, and a result waits
+for Redis to return (within its lease).
 Any worker also reaps expired leases, so no separate reaper process is needed.
 
 An idle worker does not poll: it blocks on the queue's wake list (`Queue.wait`), which every
@@ -226,7 +227,7 @@ class Worker:
     async def _handle_claim(self, claim: Claim) -> None:
         try:
             work = await self.store.work(claim.trajectory_id, claim)
-        except UNAVAILABLE as e:  # Redis went away between claim and load: not the trajectory's fault
+        except REDIS_FAULT as e:  # Redis away or failing over between claim and load: not the trajectory's
             await self._restart(claim, f"cannot load: {e!r}")
             return
         except Exception as e:  # unreadable spec: record it, never loop on it
