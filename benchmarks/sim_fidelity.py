@@ -144,6 +144,11 @@ SIMS = ("engine", "service", "loaded", "per-turn")
 CONTENTION_ROUNDS = 3  # fixed-point rounds matching the loaded simulation's engine time per turn to the run's
 
 
+def slowed_engine(model: str, x: float):
+    """The preset's engine for `model`, `x` times slower (contention)."""
+    return cpu_preset.engine(model, gpu=cpu_preset.slowed(cpu_preset.preset(model), x))
+
+
 def simulate_run(recording: Path, model: str, engines: int, concurrency: int, real: Figures) -> dict:
     """Four simulations of one recorded run: `engine` (the preset, engines only), `service`
     (plus the mean per-turn overhead terms read off the recording), `loaded` (plus the preset
@@ -158,10 +163,9 @@ def simulate_run(recording: Path, model: str, engines: int, concurrency: int, re
     wl = recorded_workload(recording, concurrency, engines, over)
     x, loaded = contention(real, engine_only), None
     for _ in range(CONTENTION_ROUNDS):  # slower steps change the batches, and the batch the step time
-        slow_x = cpu_preset.engine(model, gpu=cpu_preset.slowed(cost.gpu, x))
-        loaded = simulate(wl, engines, slow_x, over, spread=spread)
+        loaded = simulate(wl, engines, slowed_engine(model, x), over, spread=spread)
         x = max(x * real.engine_s / loaded.engine_s, 1.0)
-    slow = cpu_preset.engine(model, gpu=cpu_preset.slowed(cost.gpu, x))
+    slow = slowed_engine(model, x)
     per_turn = recorded_workload(recording, concurrency, engines, per_turn=True)
     return {"engine": engine_only, "service": simulate(wl, engines, cost, over),
             "loaded": simulate(wl, engines, slow, over, spread=spread),
@@ -202,7 +206,7 @@ def report(results: dict) -> None:
             run["spread"] = round(sims["spread"], 3)
             if prev is not None:  # a prediction: the previous run's contention, spread, overheads; this run's workload
                 x, spread, over = prev
-                slow = cpu_preset.engine(model, gpu=cpu_preset.slowed(cpu_preset.preset(model), x))
+                slow = slowed_engine(model, x)
                 sim = simulate(recorded_workload(rec, cfg["concurrency"], n, over), n, slow, over, spread=spread)
                 carried.real.append(real)
                 carried.sim.append(sim)
