@@ -7,8 +7,10 @@ until the environment ends the episode (completed / truncated) or a limit hits
 (max_turns, max_total_tokens: truncated). The sampled ids are kept exactly as sampled;
 text is decoded from them only to hand the action to the environment.
 
-Each turn is handed to `on_turn` as it finishes (its env step done), so the worker can record
-it durably while the episode goes on.
+Each turn that the episode goes on after is handed to `on_turn` as it finishes (its env step
+done), so the worker can record it durably meanwhile. The last turn is not: it reaches the
+store with the trajectory's result, one write instead of two (a rerun restarts from the first
+turn anyway; the live turns are for readers).
 
 Failures are data: an engine or env error ends the episode as `failed` with a kind, with
 the turns done so far; the worker decides whether to retry it. Losing a peer process (an
@@ -54,7 +56,7 @@ async def run_episode(work: Work, fleet: Fleet, envs: EnvBackend, attempt: int =
                       lifecycle: Lifecycle | None = None, restarts: int = 0,
                       on_turn: OnTurn | None = None) -> Trajectory:
     """`lifecycle`, when given, is told every phase change (prefill, tool, done) for the
-    scheduler's forecaster; `on_turn`, every turn once its env step is done. Seeds depend only
+    scheduler's forecaster; `on_turn`, every turn but the last once its env step is done. Seeds depend only
     on the task and turn, never on `attempt` or `restarts`: a restarted episode replays the
     same seeds."""
     p = work.params
@@ -130,13 +132,13 @@ async def _loop(traj: Trajectory, work: Work, fleet: Fleet, envs: EnvBackend, at
             turn.reward = step.reward
             turn.tool_failure = step.info.get("tool_failure")
             traj.messages += step.observation
-            if on_turn is not None:
-                await on_turn(turn)
             if step.terminated or step.truncated:
                 traj.state = TrajectoryState.completed if step.terminated else TrajectoryState.truncated
                 if step.truncated:
                     traj.info["truncated_by"] = "env"
                 return
+            if on_turn is not None and index + 1 < p.max_turns:
+                await on_turn(turn)
             if p.context == "append":
                 delta = chat.continuation(res.output_ids, step.observation)
                 continue

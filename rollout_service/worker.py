@@ -1,9 +1,12 @@
 """The rollout worker: claims trajectories, runs episodes, records results.
 
-Each claimed trajectory runs as its own task beside a heartbeat that extends its lease.
-The heartbeat also carries cancellation: when the batch is cancelled the episode is
-cancelled and recorded as such. Each turn is recorded under the lease as it finishes
-(`Queue.append_turn`), so a crash loses at most the turn in progress. If the lease is lost
+Each claimed trajectory runs as its own task. One heartbeat loop per worker extends every
+lease the worker holds, a thousand to a Redis call (`Queue.heartbeat_many`), so 100k
+trajectories in flight cost a few calls a period, not 100k. The heartbeat also carries
+cancellation: when the batch is cancelled the episode is cancelled and recorded as such.
+Each turn the episode goes on after is recorded under the lease as it finishes
+(`Queue.append_turn`), so a crash loses at most the turn in progress (the last turn comes
+with the result). If the lease is lost
 (this worker stalled past its TTL and another took over), the episode is dropped without
 writing: the first result wins.
 
@@ -29,6 +32,7 @@ import contextlib
 import logging
 import time
 import uuid
+from dataclasses import dataclass
 
 from env_workers.client import EnvBackend, EnvWorkerLost
 from rollout_service.engines.base import EngineLost
@@ -38,7 +42,7 @@ from scheduler.connection import REDIS_FAULT, UNAVAILABLE, Backoff, cancel_point
 from scheduler.forecast import Forecaster
 from scheduler.keys import batch_of
 from scheduler.lifecycle import Lifecycle
-from scheduler.queue import Claim, LeaseLost, Queue
+from scheduler.queue import BATCH_CANCELLED, LEASE_LOST, LEASE_OK, Claim, LeaseLost, Queue
 from scheduler.store import Store
 from wire import Failure, FailureKind, Trajectory, TrajectoryState, Turn
 
@@ -46,6 +50,16 @@ log = logging.getLogger(__name__)
 
 # Lost peers, or Redis in trouble: the episode restarts, uncharged (see the module docstring).
 LOST = (EngineLost, EnvWorkerLost, *REDIS_FAULT)
+
+
+@dataclass(slots=True)
+class _Live:
+    """A running episode as the heartbeat loop sees it; `verdict` is what the last heartbeat
+    said when it ended the episode (LEASE_LOST, BATCH_CANCELLED)."""
+
+    claim: Claim
+    episode: asyncio.Task
+    verdict: int = LEASE_OK
 
 
 class LoopDied(RuntimeError):
@@ -75,11 +89,14 @@ class Worker:
         # (Redis away longer than the lease, a failover that lost the lease): the trajectory is
         # requeued and may come back to this same worker while the old episode still runs.
         self._handlers: dict[str, asyncio.Task] = {}
+        self._live: dict[str, _Live] = {}  # by lease token: what the heartbeat loop renews
+        self._slot_freed = asyncio.Event()
         self.finished = 0
 
     async def run(self, stop: asyncio.Event) -> None:
         reaper = asyncio.create_task(self._reap_forever(stop))
         prober = asyncio.create_task(self._probe_forever(stop))
+        beater = asyncio.create_task(self._heartbeat_forever(stop))
         backoff = Backoff()
         try:
             while self.release_on_start and not stop.is_set():
@@ -93,12 +110,15 @@ class Worker:
                     await backoff.wait()
             while not stop.is_set():
                 cancel_point()
-                for loop in (reaper, prober):
+                for loop in (reaper, prober, beater):
                     if loop.done():
                         raise LoopDied(f"background loop {loop.get_coro().__name__} ended") from (
                             None if loop.cancelled() else loop.exception())
-                if len(self._active) >= self.concurrency:
-                    await asyncio.wait(self._active, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+                if len(self._active) >= self.concurrency:  # full: until a slot frees (O(1), however many run)
+                    self._slot_freed.clear()
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(1.0):
+                            await self._slot_freed.wait()
                     continue
                 try:
                     # As many as there are free slots: a GRPO group's members come together.
@@ -113,13 +133,15 @@ class Worker:
                 for claim in claims:
                     task = asyncio.create_task(self._handle(claim))
                     self._active.add(task)
-                    task.add_done_callback(self._active.discard)
+                    task.add_done_callback(self._ended)
         finally:
-            reaper.cancel()
-            prober.cancel()
-            for t in list(self._active):
+            for t in (reaper, prober, beater, *self._active):
                 t.cancel()
-            await asyncio.gather(*self._active, reaper, prober, return_exceptions=True)
+            await asyncio.gather(*self._active, reaper, prober, beater, return_exceptions=True)
+
+    def _ended(self, task: asyncio.Task) -> None:
+        self._active.discard(task)
+        self._slot_freed.set()
 
     async def _wait_for_work(self, stop: asyncio.Event) -> None:
         """Block on the queue's wake list (a submission or requeue wakes us within a round trip)
@@ -200,14 +222,27 @@ class Worker:
         Redis away for a whole lease: the turn stays only in memory (the reaper owns it by then)."""
         await self._write(claim, "turn", lambda: self.queue.append_turn(claim, turn))
 
-    async def _heartbeat(self, claim: Claim) -> bool:
-        """True to go on, False when the batch was cancelled; LeaseLost when taken over. A
-        Redis outage is ridden out: the episode keeps running meanwhile."""
-        try:
-            return await self.queue.heartbeat(claim)
-        except UNAVAILABLE:
-            log.warning("heartbeat failed: Redis unavailable", extra={"trajectory_id": claim.trajectory_id})
-            return True
+    async def _heartbeat_forever(self, stop: asyncio.Event) -> None:
+        """Renew every lease held here each `heartbeat_s`; end the episodes whose lease was
+        lost or whose batch was cancelled. A Redis outage is ridden out: episodes keep running."""
+        while not stop.is_set():
+            await asyncio.sleep(self.heartbeat_s)
+            cancel_point()
+            live = [x for x in self._live.values() if not x.episode.done()]
+            if not live:
+                continue
+            try:
+                verdicts = await self.queue.heartbeat_many([x.claim for x in live])
+            except UNAVAILABLE:
+                log.warning("heartbeat failed: Redis unavailable", extra={"trajectories": len(live)})
+                continue
+            except Exception:  # an error reply (a failover): the next beat tries again, within the lease
+                log.exception("heartbeat failed", extra={"trajectories": len(live)})
+                continue
+            for x, verdict in zip(live, verdicts):
+                if verdict != LEASE_OK and not x.episode.done():
+                    x.verdict = verdict
+                    x.episode.cancel()
 
     async def _handle(self, claim: Claim) -> None:
         tid = claim.trajectory_id
@@ -237,31 +272,23 @@ class Worker:
             return
         episode = asyncio.create_task(run_episode(work, self.fleet, self.envs, claim.attempt, self.lifecycle,
                                                   claim.restarts, lambda turn: self._append_turn(claim, turn)))
-        cancelled = False
+        live = self._live[claim.token] = _Live(claim, episode)
         try:
-            while not episode.done():
-                await asyncio.wait({episode}, timeout=self.heartbeat_s)
-                cancel_point()
-                if not episode.done() and not await self._heartbeat(claim):
-                    cancelled = True
-                    episode.cancel()
-                    break
-        except LeaseLost:
-            episode.cancel()
-            await asyncio.wait({episode})  # let it end (and its own error, if it had one, be read)
-            if not episode.cancelled():
-                episode.exception()
-            log.warning("lease lost; dropping the result", extra={"trajectory_id": claim.trajectory_id})
-            return
+            await asyncio.wait({episode})
         except asyncio.CancelledError:
             episode.cancel()  # worker shutting down: hand the trajectory back now, uncharged
             with contextlib.suppress(Exception):  # (if Redis is away too, its lease lapses instead)
                 await asyncio.wait_for(self.queue.restart(claim), 5.0)
             raise
+        finally:
+            del self._live[claim.token]
+        if live.verdict == LEASE_LOST and episode.cancelled():
+            log.warning("lease lost; dropping the result", extra={"trajectory_id": claim.trajectory_id})
+            return
         try:
-            traj = await episode
+            traj = episode.result()
         except asyncio.CancelledError:
-            if not cancelled:
+            if live.verdict != BATCH_CANCELLED:
                 raise
             traj = _failed_stub(claim, FailureKind.cancelled, "batch cancelled", work)
             traj.state = TrajectoryState.cancelled

@@ -177,3 +177,53 @@ class Backoff:
 
     async def wait(self) -> None:
         await asyncio.sleep(self.next_s())
+
+
+class Coalesced:
+    """Calls made in the same moment (the same turn of the event loop) go to Redis as one.
+
+        finishes = Coalesced(lambda items: script(args=[prefix, *flatten(items)]))  # a reply per item
+        got = await finishes.submit(item)
+
+    The first item of a moment schedules a send for the next turn of the loop; every item
+    submitted until then rides along (at most `most` to a call, so one call stays short). A
+    failed send fails each of its items, and each caller retries on its own. An item whose
+    caller was cancelled after submitting is still sent: like a command already on the wire."""
+
+    def __init__(self, send, most: int = 256):
+        self._send, self.most = send, most
+        self._pending: list[tuple[list, asyncio.Future]] = []
+        self._sending: set[asyncio.Task] = set()  # referenced until done
+
+    async def submit(self, item: list):
+        fut = asyncio.get_running_loop().create_future()
+        self._pending.append((item, fut))
+        if len(self._pending) == 1:
+            self._schedule()
+        return await fut
+
+    def _schedule(self) -> None:
+        task = asyncio.create_task(self._flush())
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _flush(self) -> None:
+        batch, self._pending = self._pending[:self.most], self._pending[self.most:]
+        if self._pending:  # more than one call's worth: the rest goes out beside this one
+            self._schedule()
+        try:
+            got = await self._send([item for item, _ in batch])
+            if len(got) != len(batch):
+                raise redis.exceptions.ResponseError(f"{len(got)} replies to {len(batch)} items")
+        except Exception as e:
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(e)
+            return
+        except BaseException:  # cancelled (the loop is closing): so are its callers
+            for _, fut in batch:
+                fut.cancel()
+            raise
+        for (_, fut), one in zip(batch, got):
+            if not fut.done():
+                fut.set_result(one)

@@ -235,13 +235,26 @@ return out
 """
 
 HEARTBEAT = """
--- ARGV: prefix, tid, token, deadline ms.  Returns 0 lease lost, 1 ok, 2 batch cancelled
-local p = ARGV[1]
-local tkey = p .. 'traj:' .. ARGV[2]
-if redis.call('HGET', tkey, 'token') ~= ARGV[3] or redis.call('HGET', tkey, 'state') ~= 'running' then return 0 end
-redis.call('ZADD', p .. 'leases', 'XX', ARGV[4], ARGV[2])
-if redis.call('HGET', p .. 'batch:' .. redis.call('HGET', tkey, 'batch'), 'state') == 'cancelled' then return 2 end
-return 1
+-- ARGV: prefix, deadline ms, then (tid, token) pairs: a worker renews every lease it holds in one
+-- call (a few a turn at 100k in flight, not 100k/period calls). Returns one code per pair:
+-- 0 lease lost, 1 ok, 2 batch cancelled
+local p, deadline = ARGV[1], ARGV[2]
+local out, cancelled = {}, {}
+for i = 3, #ARGV, 2 do
+  local f = redis.call('HMGET', p .. 'traj:' .. ARGV[i], 'token', 'state', 'batch')
+  if f[1] ~= ARGV[i + 1] or f[2] ~= 'running' then
+    out[#out + 1] = 0
+  else
+    redis.call('ZADD', p .. 'leases', 'XX', deadline, ARGV[i])
+    local c = cancelled[f[3]]
+    if c == nil then
+      c = redis.call('HGET', p .. 'batch:' .. f[3], 'state') == 'cancelled'
+      cancelled[f[3]] = c
+    end
+    out[#out + 1] = c and 2 or 1
+  end
+end
+return out
 """
 
 TURN = """
@@ -261,21 +274,37 @@ return 1
 """
 
 FINISH = FINISH_FN + """
--- ARGV: prefix, tid, token, new_state, result, reward, failure, now, ready ms (retry back-off),
--- counter to charge on a requeue ('attempts': the trajectory's retry budget; 'restarts': our fault),
--- then (stats field, increment) pairs counted with the finish, in the same step: a reader that
--- sees the terminal event sees its tokens and prefill times counted too
-local tkey = ARGV[1] .. 'traj:' .. ARGV[2]
-if redis.call('HGET', tkey, 'token') ~= ARGV[3] then return 0 end
-local ok = finish(ARGV[1], ARGV[2], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9])
-if ok == 1 and ARGV[10] and ARGV[10] ~= '' then
-  redis.call('HINCRBY', tkey, ARGV[10], 1)
-  redis.call('HINCRBY', ARGV[1] .. 'stats', ARGV[10], 1)
+-- ARGV: prefix, then one item per trajectory (a worker's finishes of one moment, in one call):
+-- tid, token, new_state, result, reward, failure, now, ready ms (retry back-off), counter to
+-- charge on a requeue ('attempts': the trajectory's retry budget; 'restarts': our fault; ''),
+-- n, then n (stats field, increment) pairs counted with the finish, in the same step: a reader
+-- that sees the terminal event sees its tokens and prefill times counted too.
+-- Returns one 1 (recorded) or 0 (the token no longer holds the lease) per item.
+local p = ARGV[1]
+local out = {}
+local i = 2
+while i <= #ARGV do
+  local tid, result = ARGV[i], ARGV[i + 3]
+  local tkey = p .. 'traj:' .. tid
+  local ok = 0
+  if redis.call('HGET', tkey, 'token') == ARGV[i + 1] then
+    ok = finish(p, tid, ARGV[i + 2], result, ARGV[i + 4], ARGV[i + 5], ARGV[i + 6], ARGV[i + 7])
+    if ok == 1 and ARGV[i + 8] ~= '' then
+      redis.call('HINCRBY', tkey, ARGV[i + 8], 1)
+      redis.call('HINCRBY', p .. 'stats', ARGV[i + 8], 1)
+    end
+    if ok == 1 then
+      for j = i + 10, i + 9 + 2 * tonumber(ARGV[i + 9]), 2 do
+        redis.call('HINCRBY', p .. 'stats', ARGV[j], ARGV[j + 1])
+      end
+    end
+  elseif result ~= '' and redis.call('HGET', tkey, 'result') == result then
+    ok = 1  -- recorded already, by this very write: retried after its reply was lost
+  end
+  out[#out + 1] = ok
+  i = i + 10 + 2 * tonumber(ARGV[i + 9])
 end
-if ok == 1 then
-  for i = 11, #ARGV, 2 do redis.call('HINCRBY', ARGV[1] .. 'stats', ARGV[i], ARGV[i + 1]) end
-end
-return ok
+return out
 """
 
 # A lease that lapsed (or whose holder is known dead) is our fault: a worker died, stalled,

@@ -34,10 +34,10 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 
 from scheduler import lua
-from scheduler.connection import durable
+from scheduler.connection import Coalesced, durable
 from scheduler.jobs import IllegalTransition, check_transition
 from scheduler.keys import Keys, batch_of, trajectory_id
-from scheduler.results import RedisResults, ResultStore, compress
+from scheduler.results import RedisResults, ResultStore, compress_result
 from wire import (
     BatchCreated,
     Failure,
@@ -52,6 +52,10 @@ from wire.packed import pack_trajectory, pack_turn
 # Upper bounds (s) of the per-turn prefill histogram, counted in `{p}stats` as `prefill:{bound}`
 # (and `prefill:inf`) when a trajectory completes; `rollout_service.metrics` exports it.
 PREFILL_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+# What `heartbeat_many` says of each lease, and how many it renews per script call.
+LEASE_LOST, LEASE_OK, BATCH_CANCELLED = 0, 1, 2
+HEARTBEAT_CHUNK = 1000
 
 
 @dataclass(slots=True)
@@ -103,7 +107,9 @@ class Queue:
         self._claim = redis.register_script(lua.CLAIM)
         self._heartbeat = redis.register_script(lua.HEARTBEAT)
         self._turn = redis.register_script(lua.TURN)
-        self._finish = redis.register_script(lua.FINISH)
+        finish = redis.register_script(lua.FINISH)
+        # Finishes that come in the same moment go to Redis as one script call.
+        self._finishes = Coalesced(lambda items: finish(args=[self.k.prefix, *(x for it in items for x in it)]))
         self._reap = redis.register_script(lua.REAP)
         self._release = redis.register_script(lua.RELEASE)
         self._cancel = redis.register_script(lua.CANCEL)
@@ -171,10 +177,21 @@ class Queue:
 
     async def heartbeat(self, claim: Claim) -> bool:
         """Extend the lease. Returns False when the batch was cancelled; raises LeaseLost."""
-        got = await self._heartbeat(args=[self.k.prefix, claim.trajectory_id, claim.token, self._deadline_ms()])
-        if got == 0:
+        got = (await self.heartbeat_many([claim]))[0]
+        if got == LEASE_LOST:
             raise LeaseLost(claim.trajectory_id)
-        return got == 1
+        return got == LEASE_OK
+
+    async def heartbeat_many(self, claims: list[Claim]) -> list[int]:
+        """Extend many leases, `HEARTBEAT_CHUNK` to a call (each call is atomic and short, so
+        it never holds Redis up for long): per claim LEASE_OK, LEASE_LOST or BATCH_CANCELLED."""
+        out: list[int] = []
+        for i in range(0, len(claims), HEARTBEAT_CHUNK):
+            args: list[str | int] = [self.k.prefix, self._deadline_ms()]
+            for c in claims[i:i + HEARTBEAT_CHUNK]:
+                args += [c.trajectory_id, c.token]
+            out += [int(x) for x in await self._heartbeat(args=args)]
+        return out
 
     async def append_turn(self, claim: Claim, turn: Turn) -> None:
         """Record a finished turn of the running attempt (durable from here). Raises LeaseLost
@@ -195,8 +212,8 @@ class Queue:
         reward = "" if traj.reward is None else repr(traj.reward)
         # The result is kept first and recorded by the script: a reader never sees a terminal
         # state without its result. A lost race leaves a blob nobody recorded: drop it.
-        recorded = await self.results.put(batch_of(claim.trajectory_id), claim.trajectory_id, claim.token, compress(
-            pack_trajectory(traj.model_copy(update={"training_samples": None}))))
+        stored = await compress_result(pack_trajectory(traj.model_copy(update={"training_samples": None})))
+        recorded = await self.results.put(batch_of(claim.trajectory_id), claim.trajectory_id, claim.token, stored)
         counts: dict[str, int] = {
             "tokens:sampled": sum(len(t.output_ids) for t in traj.turns),
             "tokens:prompt": sum(len(t.prompt_ids) for t in traj.turns),
@@ -207,9 +224,9 @@ class Queue:
             bucket = f"prefill:{next((b for b in PREFILL_BUCKETS_S if s <= b), 'inf')}"
             counts[bucket] = counts.get(bucket, 0) + 1
             counts["prefill_sum_us"] += round(s * 1e6)
-        got = await self._finish(args=[self.k.prefix, claim.trajectory_id, claim.token, traj.state.value,
-                                       recorded, reward, failure, time.time(), 0, "",
-                                       *(x for kv in counts.items() for x in kv)])
+        got = await self._finishes.submit([claim.trajectory_id, claim.token, traj.state.value, recorded, reward,
+                                           failure, time.time(), 0, "", len(counts),
+                                           *(x for kv in counts.items() for x in kv)])
         if not got:
             await self.results.discard(recorded)
         return bool(got)
@@ -226,8 +243,8 @@ class Queue:
 
     async def _requeue(self, claim: Claim, delay_s: float, charge: str) -> bool:
         ready_ms = int((time.time() + delay_s) * 1000) if delay_s > 0 else 0
-        got = await self._finish(args=[self.k.prefix, claim.trajectory_id, claim.token, "queued", "", "", "",
-                                       time.time(), ready_ms, charge])
+        got = await self._finishes.submit([claim.trajectory_id, claim.token, "queued", "", "", "", time.time(),
+                                           ready_ms, charge, 0])
         return bool(got)
 
     def _poison(self) -> str:

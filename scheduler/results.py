@@ -3,10 +3,10 @@
     RedisResults   the bytes inline in the trajectory's hash (the default; small deployments)
     FileResults    one file per trajectory under a directory (one node, or a shared filesystem)
 
-Results are stored as one zstd frame each (`compress`): less Redis memory or disk, and a page
-answered with `Content-Encoding: zstd` is the stored frames back to back, never recompressed.
-The queue writes a result with `put` before the finishing script runs, and the script records
-what `put` returned in the trajectory's `result` field, atomically with its state: inline, that
+Results are stored as one zstd frame each (`compress_result`: large ones harder, in a thread):
+less Redis memory or disk, and a page answered with `Content-Encoding: zstd` is the stored
+frames back to back, never recompressed. The queue writes a result with `put` before the
+finishing script runs, and the script records what `put` returned in the trajectory's `result` field, atomically with its state: inline, that
 is the packed trajectory itself; for a blob store, a reference `blob:{key}`. The key carries the
 lease token, so a writer whose lease lapsed can never overwrite the winner's blob; the loser's
 blob is discarded at once. Every recorded value says what it is (a reference starts with
@@ -26,6 +26,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlparse
@@ -37,19 +38,39 @@ from wire.packed import pack_trajectory
 
 BLOB = b"blob:"
 ZSTD = b"\x28\xb5\x2f\xfd"  # a zstd frame's magic number
-# Level 3 (zstd's default): ~2x on a packed trajectory (benchmarks/payload.py; its text and ids
-# shrink, float32 logprobs barely), a few ms for 32k tokens; level 12 gained 3% for 5x the CPU.
-_LEVEL = 3
+# Level 3 (zstd's default) for what is small or compressed on a request's path: ~0.1 ms for 2k
+# tokens. A result of LARGE bytes or more (packed: ~1,800 tokens) is stored at level 16, in a
+# thread (zstd releases the GIL): on benchmarks/payload.py's 32k-token trajectories 4.18x
+# smaller than JSON against 3.86x at level 3, for ~30 ms instead of ~1.2 ms (~1 ms per 1k
+# tokens, once, beside minutes of generation). Levels 11-15 gain under 4% there; 16 is the
+# first of zstd's `btultra` levels, 17-19 add under 1% for more time.
+FAST_LEVEL, LARGE_LEVEL, LARGE = 3, 16, 16 * 1024
+_local = threading.local()
 
 
-def compress(packed: bytes) -> bytes:
-    """A result as stored: one zstd frame of the packed trajectory."""
-    return zstandard.ZstdCompressor(level=_LEVEL).compress(packed)
+def compress(packed: bytes, level: int = FAST_LEVEL) -> bytes:
+    """One zstd frame of `packed` (a packed trajectory, or a page's head or tail)."""
+    if level != FAST_LEVEL:  # rare and slow: a fresh context, not one kept per thread
+        return zstandard.ZstdCompressor(level=level).compress(packed)
+    c = getattr(_local, "fast", None)
+    if c is None:
+        c = _local.fast = zstandard.ZstdCompressor(level=FAST_LEVEL)
+    return c.compress(packed)
+
+
+async def compress_result(packed: bytes) -> bytes:
+    """A finished trajectory as stored: inline at FAST_LEVEL when small, else LARGE_LEVEL in a
+    thread, off the event loop."""
+    if len(packed) < LARGE:
+        return compress(packed)
+    return await asyncio.to_thread(compress, packed, LARGE_LEVEL)
 
 
 def plain(stored: bytes) -> bytes:
     """The packed trajectory, whether stored compressed or not."""
     return zstandard.ZstdDecompressor().decompress(stored) if stored[:4] == ZSTD else stored
+
+
 _SAFE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$")  # batch and trajectory ids, lease tokens: never a path
 
 

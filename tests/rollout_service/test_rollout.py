@@ -56,6 +56,23 @@ async def test_max_turns_truncates():
     assert traj.info["truncated_by"] == "max_turns" and traj.reward == 0.0
 
 
+@pytest.mark.parametrize("max_turns", [2, 3])
+async def test_every_turn_but_the_last_is_handed_on_as_it_finishes(max_turns):
+    """The worker records these durably mid-episode; the last comes with the result instead."""
+    eng = SimEngine(policy=scripted("calc: 1 + 1"))
+    handed = []
+
+    async def on_turn(turn):
+        handed.append(turn.index)
+
+    traj = await run_episode(work(max_turns=max_turns), fleet(eng), LocalEnvs(), on_turn=on_turn)
+    assert len(traj.turns) == max_turns and handed == list(range(max_turns - 1))
+    eng = SimEngine(policy=scripted("calc: 6 * 7", "answer: 42"))  # ended by the env, not the limit
+    handed.clear()
+    traj = await run_episode(work(max_turns=max_turns), fleet(eng), LocalEnvs(), on_turn=on_turn)
+    assert traj.state is TrajectoryState.completed and len(traj.turns) == 2 and handed == [0]
+
+
 async def test_token_budget_truncates():
     eng = SimEngine(policy=scripted("calc: 1 + 1 " + "x" * 40))
     traj = await run_episode(work(max_total_tokens=400, sampling=SamplingParams(max_tokens=64)), fleet(eng),

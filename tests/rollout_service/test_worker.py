@@ -53,6 +53,30 @@ async def test_cancel_stops_running_trajectories(settings, redis, keys):
     assert t.failure.kind is FailureKind.cancelled
 
 
+async def test_one_heartbeat_renews_every_lease_a_worker_holds(settings, redis, keys, monkeypatch):
+    """Episodes longer than the lease (2 s here) keep it through the worker's one heartbeat loop,
+    which renews all of them in one call per beat (not one call per trajectory)."""
+    sizes = []
+    real = Queue.heartbeat_many
+
+    async def counted(self, claims):
+        sizes.append(len(claims))
+        return await real(self, claims)
+
+    monkeypatch.setattr(Queue, "heartbeat_many", counted)
+    slow = {"slow": (SimEngine("slow", time_scale=25.0), "byte")}  # ~4 s an episode: two leases
+    q, store = Queue(redis, keys), Store(redis, keys)
+    b = await q.enqueue(RolloutRequest(tasks=[{"seed": i} for i in range(8)], env="math",
+                                       sampling={"max_tokens": 16}))
+    with RunningWorker(settings, engines=slow, concurrency=8):
+        st = await wait_done(store, b.id, timeout=60)
+    trajs, _ = await store.trajectories(b.id, 0, 100)
+    assert st.counts[TrajectoryState.completed] + st.counts[TrajectoryState.truncated] == 8
+    assert max(t.active_s for t in trajs) > settings.lease_s  # an episode outlived its first lease...
+    assert all(t.restarts == 0 and t.attempts == 1 for t in trajs)  # ...and kept it
+    assert max(sizes) == 8  # every lease held, in one call
+
+
 class FlakyEngine(SimEngine):
     """Fails the first `n` requests, then behaves."""
 

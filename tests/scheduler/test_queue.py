@@ -130,6 +130,33 @@ async def test_heartbeat_keeps_the_lease(queue):
     assert await queue.reap() == (0, 0)
 
 
+async def test_one_heartbeat_call_renews_many_leases_and_says_which_ended(queue, redis, keys, monkeypatch):
+    import scheduler.queue as qmod
+
+    monkeypatch.setattr(qmod, "HEARTBEAT_CHUNK", 2)  # 5 claims: 3 script calls, in order
+    keep = await queue.enqueue(request(2, 1))
+    gone = await queue.enqueue(request(2, 1))
+    claims = await queue.claim_many("w1", 4)
+    assert {c.batch_id for c in claims} == {keep.id, gone.id}
+    await queue.cancel(gone.id)
+    stale = qmod.Claim(claims[0].trajectory_id, "not-the-token", 1)
+    calls = []
+    real = queue._heartbeat
+
+    async def counted(args):
+        calls.append(len(args))
+        return await real(args=args)
+
+    monkeypatch.setattr(queue, "_heartbeat", counted)
+    before = [await redis.zscore(keys.leases, c.trajectory_id) for c in claims]
+    queue.lease_s = 60.0  # the renewal sets a deadline a minute out: visibly later than the claim's
+    verdicts = await queue.heartbeat_many([*claims, stale])
+    want = [qmod.BATCH_CANCELLED if c.batch_id == gone.id else qmod.LEASE_OK for c in claims]
+    assert verdicts == [*want, qmod.LEASE_LOST] and calls == [6, 6, 4]
+    after = [await redis.zscore(keys.leases, c.trajectory_id) for c in claims]
+    assert all(a >= b + 50_000 for a, b in zip(after, before))  # every lease renewed
+
+
 async def test_poison_work_fails_after_max_restarts_with_internal_kind(queue, store):
     b = await queue.enqueue(request(1, 1))
     reaped = []

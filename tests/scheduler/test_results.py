@@ -132,3 +132,19 @@ async def test_keys_that_are_not_ours_never_become_paths(tmp_path):
             await results.get([bad])
     with pytest.raises(ValueError):
         await results.put("..", "t", "x", b"x")
+
+
+async def test_a_large_result_is_stored_harder_and_reads_back_the_same():
+    """Small results: zstd's fast default, inline. From LARGE bytes: a higher level, in a thread."""
+    from benchmarks.payload import synthetic
+    from scheduler.results import FAST_LEVEL, LARGE, compress, compress_result
+    from wire.packed import pack_trajectory
+    import numpy as np
+
+    small = pack_trajectory(result("b-0-0"))
+    assert len(small) < LARGE and await compress_result(small) == compress(small, FAST_LEVEL)
+    large = pack_trajectory(synthetic(np.random.default_rng(0), 8192))  # the payload benchmark's shape
+    assert len(large) >= LARGE
+    stored = await compress_result(large)
+    assert stored[:4] == ZSTD and plain(stored) == large
+    assert len(stored) < 0.95 * len(compress(large, FAST_LEVEL))
