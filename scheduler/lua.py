@@ -258,19 +258,29 @@ return out
 """
 
 TURN = """
--- ARGV: prefix, tid, token, turn index, turn json.  Returns 0 lease lost, 1 recorded, -1 out of order
-local tkey = ARGV[1] .. 'traj:' .. ARGV[2]
-if redis.call('HGET', tkey, 'token') ~= ARGV[3] or redis.call('HGET', tkey, 'state') ~= 'running' then return 0 end
-local lkey = tkey .. ':turns'
-local n, i = redis.call('LLEN', lkey), tonumber(ARGV[4])
-if i == n then
-  redis.call('RPUSH', lkey, ARGV[5])
-elseif i < n then
-  redis.call('LSET', lkey, i, ARGV[5])  -- the same turn again (a write retried after a timeout)
-else
-  return -1
+-- ARGV: prefix, then (tid, token, turn index, packed turn) per turn (a worker's turns of one
+-- moment, in one call). Returns per turn 0 lease lost, 1 recorded, -1 out of order
+local out = {}
+for i = 2, #ARGV, 4 do
+  local tkey = ARGV[1] .. 'traj:' .. ARGV[i]
+  local f = redis.call('HMGET', tkey, 'token', 'state')
+  if f[1] ~= ARGV[i + 1] or f[2] ~= 'running' then
+    out[#out + 1] = 0
+  else
+    local lkey = tkey .. ':turns'
+    local n, k = redis.call('LLEN', lkey), tonumber(ARGV[i + 2])
+    if k == n then
+      redis.call('RPUSH', lkey, ARGV[i + 3])
+      out[#out + 1] = 1
+    elseif k < n then
+      redis.call('LSET', lkey, k, ARGV[i + 3])  -- the same turn again (a write retried after a timeout)
+      out[#out + 1] = 1
+    else
+      out[#out + 1] = -1
+    end
+  end
 end
-return 1
+return out
 """
 
 FINISH = FINISH_FN + """

@@ -1,7 +1,8 @@
 """The durable job queue: enqueue, claim, heartbeat, append_turn, complete, fail, reap, cancel.
 
 Every state change is one Lua script, so it is atomic with the counters and the event it
-emits. A claim is a lease: a deadline in the `leases` zset plus a random token stored on the
+emits. A worker's turns and finishes of one moment share one script call (`Coalesced`), and one
+heartbeat call renews all its leases, so Redis sees a few calls a moment however many run. A claim is a lease: a deadline in the `leases` zset plus a random token stored on the
 trajectory. Only the token holder may heartbeat or finish; a lease that lapses is reaped
 back into the queue (or failed once `max_attempts` is spent), so a dead worker loses
 nothing. Finishing is idempotent: the first terminal result recorded wins.
@@ -106,9 +107,10 @@ class Queue:
         self._enqueue = redis.register_script(lua.ENQUEUE)
         self._claim = redis.register_script(lua.CLAIM)
         self._heartbeat = redis.register_script(lua.HEARTBEAT)
-        self._turn = redis.register_script(lua.TURN)
+        # Turns and finishes that come in the same moment go to Redis as one script call each.
+        turn = redis.register_script(lua.TURN)
+        self._turns = Coalesced(lambda items: turn(args=[self.k.prefix, *(x for it in items for x in it)]))
         finish = redis.register_script(lua.FINISH)
-        # Finishes that come in the same moment go to Redis as one script call.
         self._finishes = Coalesced(lambda items: finish(args=[self.k.prefix, *(x for it in items for x in it)]))
         self._reap = redis.register_script(lua.REAP)
         self._release = redis.register_script(lua.RELEASE)
@@ -196,8 +198,7 @@ class Queue:
     async def append_turn(self, claim: Claim, turn: Turn) -> None:
         """Record a finished turn of the running attempt (durable from here). Raises LeaseLost
         when `claim` no longer holds the lease: a writer without it never appends."""
-        got = await self._turn(args=[self.k.prefix, claim.trajectory_id, claim.token, turn.index,
-                                     pack_turn(turn)])
+        got = await self._turns.submit([claim.trajectory_id, claim.token, turn.index, pack_turn(turn)])
         if got == 0:
             raise LeaseLost(claim.trajectory_id)
         if got < 0:

@@ -134,6 +134,21 @@ async def test_keys_that_are_not_ours_never_become_paths(tmp_path):
         await results.put("..", "t", "x", b"x")
 
 
+async def test_a_finish_retried_after_its_reply_was_lost_keeps_its_result(redis, keys, results):
+    """The script ran, the reply never came, the worker writes again: the same result is
+    recognised as recorded (True), counted once, and its blob is not discarded as a loser's."""
+    q, store = Queue(redis, keys, results=results), Store(redis, keys, results)
+    b = await q.enqueue(request_(group=1))
+    c = await q.claim("w1")
+    assert await q.complete(c, result(c.trajectory_id))
+    assert await q.complete(c, result(c.trajectory_id))  # the same write again
+    if isinstance(results, RedisResults):  # (a blob's key is the lease's: its holder writes one result)
+        assert not await q.complete(c, result(c.trajectory_id, reward=0.5))  # a different one still loses
+    assert await store.trajectory(c.trajectory_id) == result(c.trajectory_id)
+    st = await store.batch_status(b.id)
+    assert st.counts[TrajectoryState.completed] == 1 and st.state.value == "completed"
+
+
 async def test_a_large_result_is_stored_harder_and_reads_back_the_same():
     """Small results: zstd's fast default, inline. From LARGE bytes: a higher level, in a thread."""
     from benchmarks.payload import synthetic
