@@ -42,7 +42,7 @@ from scheduler.connection import REDIS_FAULT, UNAVAILABLE, Backoff, cancel_point
 from scheduler.forecast import Forecaster
 from scheduler.keys import batch_of
 from scheduler.lifecycle import Lifecycle
-from scheduler.queue import BATCH_CANCELLED, LEASE_LOST, LEASE_OK, Claim, LeaseLost, Queue
+from scheduler.queue import LEASE_LOST, LEASE_OK, Claim, LeaseLost, Queue
 from scheduler.store import Store
 from wire import Failure, FailureKind, Trajectory, TrajectoryState, Turn
 
@@ -58,8 +58,13 @@ class _Live:
     said when it ended the episode (LEASE_LOST, BATCH_CANCELLED)."""
 
     claim: Claim
-    episode: asyncio.Task
+    task: asyncio.Task  # the handler running the episode
     verdict: int = LEASE_OK
+
+
+# Most trajectories one claim call takes: the script runs alone in Redis, so a worker with
+# 25,000 free slots fills them a few hundred at a time rather than stall every other client.
+CLAIM_MOST = 256
 
 
 class LoopDied(RuntimeError):
@@ -122,7 +127,7 @@ class Worker:
                     continue
                 try:
                     # As many as there are free slots: a GRPO group's members come together.
-                    claims = await self.queue.claim_many(self.id, self.concurrency - len(self._active))
+                    claims = await self.queue.claim_many(self.id, min(self.concurrency - len(self._active), CLAIM_MOST))
                     if not claims:
                         await self._wait_for_work(stop)
                 except UNAVAILABLE:
@@ -225,14 +230,21 @@ class Worker:
     async def _heartbeat_forever(self, stop: asyncio.Event) -> None:
         """Renew every lease held here each `heartbeat_s`; end the episodes whose lease was
         lost or whose batch was cancelled. A Redis outage is ridden out: episodes keep running."""
+        lease_s = self.queue.lease_s
         while not stop.is_set():
+            slept = time.monotonic()
             await asyncio.sleep(self.heartbeat_s)
             cancel_point()
-            live = [x for x in self._live.values() if not x.episode.done()]
+            late = time.monotonic() - slept - self.heartbeat_s
+            if late > self.heartbeat_s / 2:  # this loop runs late: lease for longer, up to 4 leases
+                log.warning("event loop running late; leases renewed for longer", extra={
+                    "late_s": round(late, 1), "trajectories": len(self._live)})
+            lease_s = min(max(self.queue.lease_s, lease_s * 0.9, 3 * late), 4 * self.queue.lease_s)
+            live = list(self._live.values())  # every episode running here (each leaves as it ends)
             if not live:
                 continue
             try:
-                verdicts = await self.queue.heartbeat_many([x.claim for x in live])
+                verdicts = await self.queue.heartbeat_many([x.claim for x in live], lease_s)
             except UNAVAILABLE:
                 log.warning("heartbeat failed: Redis unavailable", extra={"trajectories": len(live)})
                 continue
@@ -240,9 +252,9 @@ class Worker:
                 log.exception("heartbeat failed", extra={"trajectories": len(live)})
                 continue
             for x, verdict in zip(live, verdicts):
-                if verdict != LEASE_OK and not x.episode.done():
+                if verdict != LEASE_OK and self._live.get(x.claim.token) is x:  # still in its episode
                     x.verdict = verdict
-                    x.episode.cancel()
+                    x.task.cancel()
 
     async def _handle(self, claim: Claim) -> None:
         tid = claim.trajectory_id
@@ -270,39 +282,38 @@ class Worker:
             await self._write(claim, "complete", lambda: self.queue.complete(
                 claim, _failed_stub(claim, FailureKind.internal, f"cannot load: {e!r}")))
             return
-        episode = asyncio.create_task(run_episode(work, self.fleet, self.envs, claim.attempt, self.lifecycle,
-                                                  claim.restarts, lambda turn: self._append_turn(claim, turn)))
-        live = self._live[claim.token] = _Live(claim, episode)
-        try:
-            await asyncio.wait({episode})
+        live = self._live[claim.token] = _Live(claim, asyncio.current_task())
+        try:  # the episode runs in this task: the heartbeat loop cancels it here, with a verdict
+            traj = await run_episode(work, self.fleet, self.envs, claim.attempt, self.lifecycle, claim.restarts,
+                                     lambda turn: self._append_turn(claim, turn))
         except asyncio.CancelledError:
-            episode.cancel()  # worker shutting down: hand the trajectory back now, uncharged
-            with contextlib.suppress(Exception):  # (if Redis is away too, its lease lapses instead)
-                await asyncio.wait_for(self.queue.restart(claim), 5.0)
-            raise
-        finally:
             del self._live[claim.token]
-        if live.verdict == LEASE_LOST and episode.cancelled():
-            log.warning("lease lost; dropping the result", extra={"trajectory_id": claim.trajectory_id})
-            return
-        try:
-            traj = episode.result()
-        except asyncio.CancelledError:
-            if live.verdict != BATCH_CANCELLED:
+            if live.verdict == LEASE_OK:  # the worker shuts down: hand the trajectory back now, uncharged
+                with contextlib.suppress(Exception):  # (if Redis is away too, its lease lapses instead)
+                    await asyncio.wait_for(self.queue.restart(claim), 5.0)
                 raise
+            asyncio.current_task().uncancel()
+            if live.verdict == LEASE_LOST:
+                log.warning("lease lost; dropping the result", extra={"trajectory_id": claim.trajectory_id})
+                return
             traj = _failed_stub(claim, FailureKind.cancelled, "batch cancelled", work)
             traj.state = TrajectoryState.cancelled
         except LeaseLost:  # a turn could not be recorded: another worker owns the trajectory now
+            del self._live[claim.token]
             log.warning("lease lost; dropping the episode", extra={"trajectory_id": claim.trajectory_id})
             return
         except LOST as e:
+            del self._live[claim.token]
             kind = FailureKind.engine if isinstance(e, EngineLost) else \
                 FailureKind.env if isinstance(e, EnvWorkerLost) else FailureKind.internal
             await self._restart(claim, f"{type(e).__name__}: {e}", kind, work)
             return
         except Exception as e:
+            del self._live[claim.token]
             log.exception("episode crashed", extra={"trajectory_id": claim.trajectory_id})
             traj = _failed_stub(claim, FailureKind.internal, f"episode crashed: {e!r}", work)
+        else:
+            del self._live[claim.token]
         if (traj.state is TrajectoryState.failed and traj.failure and traj.failure.kind.retryable
                 and claim.attempt < self.queue.max_attempts):
             log.info("retrying after an infrastructure failure", extra={
@@ -314,11 +325,13 @@ class Worker:
         traj.restarts = claim.restarts
         if await self._write(claim, "complete", lambda: self.queue.complete(claim, traj)):
             self.finished += 1
-            log.info("trajectory finished", extra={
-                "trajectory_id": traj.id, "batch_id": traj.batch_id, "state": traj.state.value, "reward": traj.reward,
-                "turns": len(traj.turns), "sampled_tokens": sum(len(t.output_ids) for t in traj.turns),
-                "active_s": round(traj.active_s, 3), "attempt": claim.attempt, "restarts": claim.restarts,
-                "failure_kind": traj.failure.kind.value if traj.failure else None})
+            if log.isEnabledFor(logging.INFO):  # (the fields cost a little: a worker finishes thousands a second)
+                log.info("trajectory finished", extra={
+                    "trajectory_id": traj.id, "batch_id": traj.batch_id, "state": traj.state.value,
+                    "reward": traj.reward, "turns": len(traj.turns),
+                    "sampled_tokens": sum(len(t.output_ids) for t in traj.turns),
+                    "active_s": round(traj.active_s, 3), "attempt": claim.attempt, "restarts": claim.restarts,
+                    "failure_kind": traj.failure.kind.value if traj.failure else None})
 
 
 def _failed_stub(claim: Claim, kind: FailureKind, message: str, work=None) -> Trajectory:

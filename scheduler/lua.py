@@ -284,16 +284,15 @@ return out
 """
 
 FINISH = FINISH_FN + """
--- ARGV: prefix, then one item per trajectory (a worker's finishes of one moment, in one call):
--- tid, token, new_state, result, reward, failure, now, ready ms (retry back-off), counter to
--- charge on a requeue ('attempts': the trajectory's retry budget; 'restarts': our fault; ''),
--- n, then n (stats field, increment) pairs counted with the finish, in the same step: a reader
--- that sees the terminal event sees its tokens and prefill times counted too.
--- Returns one 1 (recorded) or 0 (the token no longer holds the lease) per item.
+-- ARGV: prefix, then 10 per trajectory (a worker's finishes of one moment, in one call): tid,
+-- token, new_state, result, reward, failure, now, ready ms (retry back-off), counter to charge on
+-- a requeue ('attempts': the trajectory's retry budget; 'restarts': our fault; ''), and the stats
+-- counted with the finish as 'field=n,field=n' ('' for none), in the same step: a reader that
+-- sees the terminal event sees its tokens and prefill times counted too.
+-- Returns one 1 (recorded) or 0 (the token no longer holds the lease) per trajectory.
 local p = ARGV[1]
 local out = {}
-local i = 2
-while i <= #ARGV do
+for i = 2, #ARGV, 10 do
   local tid, result = ARGV[i], ARGV[i + 3]
   local tkey = p .. 'traj:' .. tid
   local ok = 0
@@ -304,15 +303,14 @@ while i <= #ARGV do
       redis.call('HINCRBY', p .. 'stats', ARGV[i + 8], 1)
     end
     if ok == 1 then
-      for j = i + 10, i + 9 + 2 * tonumber(ARGV[i + 9]), 2 do
-        redis.call('HINCRBY', p .. 'stats', ARGV[j], ARGV[j + 1])
+      for field, n in string.gmatch(ARGV[i + 9], '([^=,]+)=([^,]+)') do
+        redis.call('HINCRBY', p .. 'stats', field, n)
       end
     end
   elseif result ~= '' and redis.call('HGET', tkey, 'result') == result then
     ok = 1  -- recorded already, by this very write: retried after its reply was lost
   end
   out[#out + 1] = ok
-  i = i + 10 + 2 * tonumber(ARGV[i + 9])
 end
 return out
 """

@@ -1,14 +1,16 @@
 """The durable job queue: enqueue, claim, heartbeat, append_turn, complete, fail, reap, cancel.
 
-Every state change is one Lua script, so it is atomic with the counters and the event it
-emits. A worker's turns and finishes of one moment share one script call (`Coalesced`), and one
-heartbeat call renews all its leases, so Redis sees a few calls a moment however many run. A claim is a lease: a deadline in the `leases` zset plus a random token stored on the
-trajectory. Only the token holder may heartbeat or finish; a lease that lapses is reaped
-back into the queue (or failed once `max_attempts` is spent), so a dead worker loses
-nothing. Finishing is idempotent: the first terminal result recorded wins.
+Every state change is one Lua script, so it is atomic with the counters and the event it emits.
+A worker's turns and finishes of one moment share one script call (`Coalesced`), and one
+heartbeat call renews all its leases, so Redis sees a few calls a moment however many run. A
+claim is a lease: a deadline in the `leases` zset plus a random token stored on the trajectory.
+Only the token holder may heartbeat or finish; a lease that lapses is reaped back into the
+queue (or failed once `max_attempts` is spent), so a dead worker loses nothing. Finishing is
+idempotent: the first terminal result recorded wins.
 
-While an attempt runs, the lease holder appends each finished turn (`append_turn`), so readers
-see a running trajectory's turns and a crash loses at most the turn in progress. Every state
+While an attempt runs, the lease holder appends each finished turn but the last (`append_turn`;
+the last comes with the result), so readers see a running trajectory's turns and a crash loses
+at most the turn in progress. Every state
 change out of `running` drops that list: a requeued trajectory reruns from its first turn
 (no turn of the lost attempt mixes with the rerun's), and a terminal one has them in its result.
 
@@ -116,8 +118,8 @@ class Queue:
         self._release = redis.register_script(lua.RELEASE)
         self._cancel = redis.register_script(lua.CANCEL)
 
-    def _deadline_ms(self) -> int:
-        return int((time.time() + self.lease_s) * 1000)
+    def _deadline_ms(self, lease_s: float | None = None) -> int:
+        return int((time.time() + (self.lease_s if lease_s is None else lease_s)) * 1000)
 
     async def enqueue(self, req: RolloutRequest, tenant: str = "default", max_open: int = 0,
                       weight: float = 1.0, max_running: int = 0) -> BatchCreated:
@@ -184,16 +186,20 @@ class Queue:
             raise LeaseLost(claim.trajectory_id)
         return got == LEASE_OK
 
-    async def heartbeat_many(self, claims: list[Claim]) -> list[int]:
-        """Extend many leases, `HEARTBEAT_CHUNK` to a call (each call is atomic and short, so
-        it never holds Redis up for long): per claim LEASE_OK, LEASE_LOST or BATCH_CANCELLED."""
-        out: list[int] = []
+    async def heartbeat_many(self, claims: list[Claim], lease_s: float | None = None) -> list[int]:
+        """Extend many leases in one round trip: `HEARTBEAT_CHUNK` to a script call (each call is
+        atomic and short, so it never holds Redis up for long), the calls pipelined (so a busy
+        event loop costs one wait, not one per chunk), each by `lease_s` (default: the queue's).
+        Per claim LEASE_OK, LEASE_LOST or BATCH_CANCELLED."""
+        if not claims:
+            return []
+        pipe = self.r.pipeline(transaction=False)
         for i in range(0, len(claims), HEARTBEAT_CHUNK):
-            args: list[str | int] = [self.k.prefix, self._deadline_ms()]
+            args: list[str | int] = [self.k.prefix, self._deadline_ms(lease_s)]
             for c in claims[i:i + HEARTBEAT_CHUNK]:
                 args += [c.trajectory_id, c.token]
-            out += [int(x) for x in await self._heartbeat(args=args)]
-        return out
+            await self._heartbeat(args=args, client=pipe)
+        return [int(x) for got in await pipe.execute() for x in got]
 
     async def append_turn(self, claim: Claim, turn: Turn) -> None:
         """Record a finished turn of the running attempt (durable from here). Raises LeaseLost
@@ -225,9 +231,9 @@ class Queue:
             bucket = f"prefill:{next((b for b in PREFILL_BUCKETS_S if s <= b), 'inf')}"
             counts[bucket] = counts.get(bucket, 0) + 1
             counts["prefill_sum_us"] += round(s * 1e6)
+        stats = ",".join(f"{k}={n}" for k, n in counts.items())
         got = await self._finishes.submit([claim.trajectory_id, claim.token, traj.state.value, recorded, reward,
-                                           failure, time.time(), 0, "", len(counts),
-                                           *(x for kv in counts.items() for x in kv)])
+                                           failure, time.time(), 0, "", stats])
         if not got:
             await self.results.discard(recorded)
         return bool(got)
@@ -245,7 +251,7 @@ class Queue:
     async def _requeue(self, claim: Claim, delay_s: float, charge: str) -> bool:
         ready_ms = int((time.time() + delay_s) * 1000) if delay_s > 0 else 0
         got = await self._finishes.submit([claim.trajectory_id, claim.token, "queued", "", "", "", time.time(),
-                                           ready_ms, charge, 0])
+                                           ready_ms, charge, ""])
         return bool(got)
 
     def _poison(self) -> str:

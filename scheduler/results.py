@@ -6,12 +6,13 @@
 Results are stored as one zstd frame each (`compress_result`: large ones harder, in a thread):
 less Redis memory or disk, and a page answered with `Content-Encoding: zstd` is the stored
 frames back to back, never recompressed. The queue writes a result with `put` before the
-finishing script runs, and the script records what `put` returned in the trajectory's `result` field, atomically with its state: inline, that
-is the packed trajectory itself; for a blob store, a reference `blob:{key}`. The key carries the
-lease token, so a writer whose lease lapsed can never overwrite the winner's blob; the loser's
-blob is discarded at once. Every recorded value says what it is (a reference starts with
-`blob:`, a stored result with zstd's magic number or a msgpack map byte, a result written
-before this module with `{`), so results written under another store stay readable after a deployment switches.
+finishing script runs, and the script records what `put` returned in the trajectory's `result`
+field, atomically with its state: inline, that is the packed trajectory itself; for a blob
+store, a reference `blob:{key}`. The key carries the lease token, so a writer whose lease
+lapsed can never overwrite the winner's blob; the loser's blob is discarded at once. Every
+recorded value says what it is (a reference starts with `blob:`, a stored result with zstd's
+magic number or a msgpack map byte, a result written before this module with `{`), so results
+written under another store stay readable after a deployment switches.
 
     S3Results      one object per trajectory in an S3-compatible bucket (clusters); boto3, the `s3` extra
 

@@ -7,6 +7,7 @@ a `scheduler.results` blob store) and served packed as stored, with no decoding.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -57,6 +58,7 @@ class Store:
         self.k = keys or Keys()
         self.results = results or RedisResults()  # where terminal trajectories' packed bytes live
         self._params: OrderedDict[str, RolloutRequest] = OrderedDict()  # batch id -> its parameters (`work`)
+        self._loading: dict[str, asyncio.Future] = {}  # batch id -> the one read of its parameters under way
 
     async def batch_status(self, bid: str) -> BatchStatus | None:
         h = {_s(k): _s(v) for k, v in (await self.r.hgetall(self.k.batch(bid))).items()}
@@ -208,11 +210,24 @@ class Store:
         bid = _s(bid)
         req = self._params.get(bid)
         if req is None:  # a batch's parameters never change once submitted: read and validated once
-            params = await self.r.hget(self.k.batch(bid), "params")
-            req = RolloutRequest.model_validate({**json.loads(params), "tasks": [{}]})
-            self._params[bid] = req
-            if len(self._params) > PARAMS_CACHED:
-                self._params.popitem(last=False)
+            loading = self._loading.get(bid)
+            if loading is None:  # one read, however many of its trajectories were claimed at once
+                loading = self._loading[bid] = asyncio.ensure_future(self._load_params(bid))
+                loading.add_done_callback(lambda f: self._loaded(bid, f))
+            req = await asyncio.shield(loading)
         else:
             self._params.move_to_end(bid)
         return Work(tid, bid, int(group), int(sample), json.loads(task), req)
+
+    def _loaded(self, bid: str, f: asyncio.Future) -> None:
+        del self._loading[bid]
+        if not f.cancelled():
+            f.exception()  # read here: a failed read's waiters each got its error already
+
+    async def _load_params(self, bid: str) -> RolloutRequest:
+        params = await self.r.hget(self.k.batch(bid), "params")
+        req = RolloutRequest.model_validate({**json.loads(params), "tasks": [{}]})
+        self._params[bid] = req
+        if len(self._params) > PARAMS_CACHED:
+            self._params.popitem(last=False)
+        return req

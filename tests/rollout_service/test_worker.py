@@ -59,9 +59,9 @@ async def test_one_heartbeat_renews_every_lease_a_worker_holds(settings, redis, 
     sizes = []
     real = Queue.heartbeat_many
 
-    async def counted(self, claims):
+    async def counted(self, claims, *args):
         sizes.append(len(claims))
-        return await real(self, claims)
+        return await real(self, claims, *args)
 
     monkeypatch.setattr(Queue, "heartbeat_many", counted)
     slow = {"slow": (SimEngine("slow", time_scale=25.0), "byte")}  # ~4 s an episode: two leases

@@ -133,7 +133,7 @@ async def test_heartbeat_keeps_the_lease(queue):
 async def test_one_heartbeat_call_renews_many_leases_and_says_which_ended(queue, redis, keys, monkeypatch):
     import scheduler.queue as qmod
 
-    monkeypatch.setattr(qmod, "HEARTBEAT_CHUNK", 2)  # 5 claims: 3 script calls, in order
+    monkeypatch.setattr(qmod, "HEARTBEAT_CHUNK", 2)  # 5 claims: 3 script calls (one round trip), in order
     keep = await queue.enqueue(request(2, 1))
     gone = await queue.enqueue(request(2, 1))
     claims = await queue.claim_many("w1", 4)
@@ -143,9 +143,9 @@ async def test_one_heartbeat_call_renews_many_leases_and_says_which_ended(queue,
     calls = []
     real = queue._heartbeat
 
-    async def counted(args):
+    async def counted(args, client=None):
         calls.append(len(args))
-        return await real(args=args)
+        return await real(args=args, client=client)
 
     monkeypatch.setattr(queue, "_heartbeat", counted)
     before = [await redis.zscore(keys.leases, c.trajectory_id) for c in claims]
@@ -328,3 +328,21 @@ async def test_a_claim_brings_the_trajectorys_fields_so_its_work_needs_no_read(q
                                                                                       {"seed": 0})
     many = await queue.claim_many("w", 5)  # the rest of the batch, each with its own fields
     assert [(x.group_index, x.sample_index) for x in many] == [(0, 1)] and many[0].token != c.token
+
+
+async def test_a_batchs_parameters_are_read_once_however_many_of_it_start_at_once(queue, store, monkeypatch):
+    """A worker with thousands of free slots claims hundreds of one batch at once: one read of
+    its parameters between them (not one each, which ran its connection pool dry)."""
+    b = await queue.enqueue(request(50, 4))
+    claims = await queue.claim_many("w", 200)
+    reads = []
+    real = store.r.hget
+
+    async def counted(*args):
+        reads.append(args)
+        return await real(*args)
+
+    monkeypatch.setattr(store.r, "hget", counted)
+    works = await asyncio.gather(*(store.work(c.trajectory_id, c) for c in claims))
+    assert len(reads) == 1 and {w.batch_id for w in works} == {b.id} and len(works) == 200
+    assert sorted((w.group_index, w.sample_index) for w in works) == [(g, s) for g in range(50) for s in range(4)]
