@@ -67,6 +67,13 @@ class _Live:
 CLAIM_MOST = 256
 
 
+def stretched_lease(base_s: float, previous_s: float, late_s: float) -> float:
+    """How long a heartbeat extends the leases: `base_s`, or 3x how late this beat ran (a busy
+    event loop, say a burst of finishing episodes) so lateness is not taken for death, at most
+    4 leases; a stretch wears off by 10% a beat."""
+    return min(max(base_s, previous_s * 0.9, 3 * late_s), 4 * base_s)
+
+
 class LoopDied(RuntimeError):
     """A background loop of the worker ended: the process must exit so it is restarted."""
 
@@ -239,7 +246,7 @@ class Worker:
             if late > self.heartbeat_s / 2:  # this loop runs late: lease for longer, up to 4 leases
                 log.warning("event loop running late; leases renewed for longer", extra={
                     "late_s": round(late, 1), "trajectories": len(self._live)})
-            lease_s = min(max(self.queue.lease_s, lease_s * 0.9, 3 * late), 4 * self.queue.lease_s)
+            lease_s = stretched_lease(self.queue.lease_s, lease_s, late)
             live = list(self._live.values())  # every episode running here (each leaves as it ends)
             if not live:
                 continue

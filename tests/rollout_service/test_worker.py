@@ -77,6 +77,18 @@ async def test_one_heartbeat_renews_every_lease_a_worker_holds(settings, redis, 
     assert max(sizes) == 8  # every lease held, in one call
 
 
+def test_a_late_heartbeat_stretches_the_leases_and_the_stretch_wears_off():
+    from rollout_service.worker import stretched_lease
+
+    assert stretched_lease(30.0, 30.0, 0.2) == 30.0  # on time: the lease
+    assert stretched_lease(30.0, 30.0, 15.0) == 45.0  # 15 s late: 3x that
+    assert stretched_lease(30.0, 30.0, 90.0) == 120.0  # never past 4 leases
+    wearing = [45.0]
+    for _ in range(6):
+        wearing.append(stretched_lease(30.0, wearing[-1], 0.0))
+    assert wearing[1] == 40.5 and wearing[-1] == 30.0  # back to the lease in a few beats
+
+
 class FlakyEngine(SimEngine):
     """Fails the first `n` requests, then behaves."""
 
