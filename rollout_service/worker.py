@@ -1,14 +1,14 @@
 """The rollout worker: claims trajectories, runs episodes, records results.
 
 Each claimed trajectory runs as its own task. One heartbeat loop per worker extends every
-lease the worker holds, a thousand to a Redis call (`Queue.heartbeat_many`), so 100k
-trajectories in flight cost a few calls a period, not 100k. The heartbeat also carries
-cancellation: when the batch is cancelled the episode is cancelled and recorded as such.
-Each turn the episode goes on after is recorded under the lease as it finishes
-(`Queue.append_turn`), so a crash loses at most the turn in progress (the last turn comes
-with the result). If the lease is lost
-(this worker stalled past its TTL and another took over), the episode is dropped without
-writing: the first result wins.
+lease the worker holds in one round trip (`Queue.heartbeat_many`), so 100k trajectories in
+flight cost a few calls a period, not 100k; a beat that runs late (a busy event loop)
+extends them for longer (`stretched_lease`). The heartbeat also carries cancellation: when
+the batch is cancelled the episode is cancelled and recorded as such. Each turn the episode
+goes on after is recorded under the lease as it finishes (`Queue.append_turn`), so a crash
+loses at most the turn in progress (the last turn comes with the result). If the lease is
+lost (this worker stalled past its TTL and another took over), the episode is dropped
+without writing: the first result wins.
 
 Infrastructure failures (engine, env, internal) are given back to the queue while the
 trajectory has attempts left; after that they are recorded as failed with their kind.
@@ -60,6 +60,7 @@ class _Live:
     claim: Claim
     task: asyncio.Task  # the handler running the episode
     verdict: int = LEASE_OK
+    in_episode: bool = True  # False once the episode ended: then only its result is being written
 
 
 # Most trajectories one claim call takes: the script runs alone in Redis, so a worker with
@@ -247,7 +248,7 @@ class Worker:
                 log.warning("event loop running late; leases renewed for longer", extra={
                     "late_s": round(late, 1), "trajectories": len(self._live)})
             lease_s = stretched_lease(self.queue.lease_s, lease_s, late)
-            live = list(self._live.values())  # every episode running here (each leaves as it ends)
+            live = list(self._live.values())  # every trajectory held here, until its result is written
             if not live:
                 continue
             try:
@@ -259,7 +260,7 @@ class Worker:
                 log.exception("heartbeat failed", extra={"trajectories": len(live)})
                 continue
             for x, verdict in zip(live, verdicts):
-                if verdict != LEASE_OK and self._live.get(x.claim.token) is x:  # still in its episode
+                if verdict != LEASE_OK and x.in_episode:  # (a result being written fails on its own)
                     x.verdict = verdict
                     x.task.cancel()
 
@@ -290,11 +291,18 @@ class Worker:
                 claim, _failed_stub(claim, FailureKind.internal, f"cannot load: {e!r}")))
             return
         live = self._live[claim.token] = _Live(claim, asyncio.current_task())
+        try:
+            await self._run(claim, work, live)
+        finally:
+            del self._live[claim.token]  # heartbeated until its result is written, not only while it runs
+
+    async def _run(self, claim: Claim, work, live: _Live) -> None:
+        """The episode, then its result, retry or restart written under the lease."""
         try:  # the episode runs in this task: the heartbeat loop cancels it here, with a verdict
             traj = await run_episode(work, self.fleet, self.envs, claim.attempt, self.lifecycle, claim.restarts,
                                      lambda turn: self._append_turn(claim, turn))
         except asyncio.CancelledError:
-            del self._live[claim.token]
+            live.in_episode = False
             if live.verdict == LEASE_OK:  # the worker shuts down: hand the trajectory back now, uncharged
                 with contextlib.suppress(Exception):  # (if Redis is away too, its lease lapses instead)
                     await asyncio.wait_for(self.queue.restart(claim), 5.0)
@@ -306,21 +314,21 @@ class Worker:
             traj = _failed_stub(claim, FailureKind.cancelled, "batch cancelled", work)
             traj.state = TrajectoryState.cancelled
         except LeaseLost:  # a turn could not be recorded: another worker owns the trajectory now
-            del self._live[claim.token]
+            live.in_episode = False
             log.warning("lease lost; dropping the episode", extra={"trajectory_id": claim.trajectory_id})
             return
         except LOST as e:
-            del self._live[claim.token]
+            live.in_episode = False
             kind = FailureKind.engine if isinstance(e, EngineLost) else \
                 FailureKind.env if isinstance(e, EnvWorkerLost) else FailureKind.internal
             await self._restart(claim, f"{type(e).__name__}: {e}", kind, work)
             return
         except Exception as e:
-            del self._live[claim.token]
+            live.in_episode = False
             log.exception("episode crashed", extra={"trajectory_id": claim.trajectory_id})
             traj = _failed_stub(claim, FailureKind.internal, f"episode crashed: {e!r}", work)
         else:
-            del self._live[claim.token]
+            live.in_episode = False
         if (traj.state is TrajectoryState.failed and traj.failure and traj.failure.kind.retryable
                 and claim.attempt < self.queue.max_attempts):
             log.info("retrying after an infrastructure failure", extra={

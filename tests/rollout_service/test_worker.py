@@ -77,6 +77,26 @@ async def test_one_heartbeat_renews_every_lease_a_worker_holds(settings, redis, 
     assert max(sizes) == 8  # every lease held, in one call
 
 
+async def test_a_result_slow_to_write_keeps_its_lease(settings, redis, keys, monkeypatch):
+    """The episode ended but its result takes longer than a lease to write (a slow blob store, a
+    starved worker): the heartbeat goes on renewing it meanwhile, so it is not run again."""
+    from scheduler.results import RedisResults
+
+    real = RedisResults.put
+
+    async def slow(self, *args):
+        await asyncio.sleep(2.5 * settings.lease_s)
+        return await real(self, *args)
+
+    monkeypatch.setattr(RedisResults, "put", slow)
+    q, store = Queue(redis, keys), Store(redis, keys)
+    b = await q.enqueue(RolloutRequest(tasks=[{"seed": 1}], env="math"))
+    with RunningWorker(settings):
+        st = await wait_done(store, b.id, timeout=60)
+    t = await store.trajectory(f"{b.id}-0-0")
+    assert st.counts[TrajectoryState.completed] == 1 and t.restarts == 0 and t.attempts == 1
+
+
 def test_a_late_heartbeat_stretches_the_leases_and_the_stretch_wears_off():
     from rollout_service.worker import stretched_lease
 
