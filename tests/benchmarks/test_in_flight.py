@@ -17,7 +17,8 @@ def test_a_small_in_flight_run_finishes_everything_and_reports_every_figure(caps
         res = in_flight.in_flight(a, redis_url)
     assert res["completed"] == 400 and res["errors"] == 0, res["error_samples"]
     assert 0 < res["peak_in_flight"] <= 400 and res["api_calls"] > 0
-    assert not any("restart" in w or "lease" in w for w in res["worker_warnings"]), res["worker_warnings"]
+    lost = ("restarting", "reaped", "lease lost", "claimed again")  # (a loop running late is only a warning)
+    assert not any(x in w for w in res["worker_warnings"] for x in lost), res["worker_warnings"]
     assert res["status_p99_ms_all"] is not None and res["trajectory_p99_ms_all"] is not None
     assert set(res["cpu_ms_per_trajectory"]) == {"gateway", "workers", "redis"}
     assert res["redis_peak_mb"] > 0
