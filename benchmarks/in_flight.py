@@ -41,6 +41,7 @@ import psutil
 import redis.asyncio as aioredis
 
 from benchmarks.redis_private import free_port
+from benchmarks.sim.fidelity import pct
 from rollout_service.engines.base import GenerateResult
 from rollout_service.engines.sim import SimEngine
 from trainer_client import AsyncRolloutClient
@@ -99,13 +100,6 @@ def _cpu_s(pid: int) -> float:
 async def _redis_cpu_s(r: aioredis.Redis) -> float:
     info = await r.info("cpu")
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
-
-
-def _pct(xs: list[float], q: float) -> float | None:
-    if not xs:
-        return None
-    xs = sorted(xs)
-    return xs[min(int(len(xs) * q), len(xs) - 1)] * 1000
 
 
 async def drive(a, url: str, redis_url: str, prefix: str, pids: dict[str, list[int]]) -> dict:
@@ -189,8 +183,8 @@ async def drive(a, url: str, redis_url: str, prefix: str, pids: dict[str, list[i
     for kind in ("status", "trajectory"):
         for label, xs in (("loaded", loaded), ("all", calls)):
             lat = [x[1] for x in xs if x[0] == kind]
-            out[f"{kind}_p50_ms_{label}"] = _pct(lat, 0.5)
-            out[f"{kind}_p99_ms_{label}"] = _pct(lat, 0.99)
+            out[f"{kind}_p50_ms_{label}"] = pct(lat, 0.5) * 1000 if lat else None
+            out[f"{kind}_p99_ms_{label}"] = pct(lat, 0.99) * 1000 if lat else None
     return out
 
 

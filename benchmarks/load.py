@@ -98,11 +98,8 @@ def scale(a) -> dict:
     with PrivateRedis() as redis_url:
         res = in_flight.in_flight(a, redis_url)
         in_flight.report(res)
-        d_runs, s_runs = [], []
-        for _ in range(3):  # interleaved, as queue_overhead.py does
-            d_runs.append(asyncio.run(queue_overhead.direct(a.overhead_n, 32)))
-            s_runs.append(asyncio.run(queue_overhead.service(a.overhead_n, 32, redis_url)))
-    res["queue_overhead_ratio"] = statistics.median(d_runs) / statistics.median(s_runs)
+        d, s = asyncio.run(queue_overhead.measure(a.overhead_n, 32, redis_url, 3))
+    res["queue_overhead_ratio"] = d / s
     print(f"queue overhead, service/direct at the instant engine ({a.overhead_n} trajectories, median of 3): "
           f"{res['queue_overhead_ratio']:.2f}")
     return res

@@ -71,6 +71,15 @@ async def service(n: int, concurrency: int, redis_url: str) -> float:
     return elapsed
 
 
+async def measure(n: int, concurrency: int, redis_url: str, repeats: int) -> tuple[float, float]:
+    """Median seconds of `repeats` direct and service runs, interleaved so drift hits both alike."""
+    d_runs, s_runs = [], []
+    for _ in range(repeats):
+        d_runs.append(await direct(n, concurrency))
+        s_runs.append(await service(n, concurrency, redis_url))
+    return statistics.median(d_runs), statistics.median(s_runs)
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=2000, help="trajectories per run")
@@ -79,11 +88,7 @@ async def main() -> None:
     ap.add_argument("--redis-url", default=os.environ.get("ROLLOUT_REDIS_URL", "redis://127.0.0.1:6379/0"))
     ap.add_argument("--out", default="benchmarks/results/queue_overhead.json")
     a = ap.parse_args()
-    d_runs, s_runs = [], []
-    for _ in range(a.repeats):  # interleaved, so drift hits both sides alike
-        d_runs.append(await direct(a.n, a.concurrency))
-        s_runs.append(await service(a.n, a.concurrency, a.redis_url))
-    d, s = statistics.median(d_runs), statistics.median(s_runs)
+    d, s = await measure(a.n, a.concurrency, a.redis_url, a.repeats)
     per_traj_ms = (s - d) / a.n * 1000  # amortized: the service's own cost per trajectory
     res = {"n": a.n, "concurrency": a.concurrency, "direct_traj_per_s": a.n / d, "service_traj_per_s": a.n / s,
            "service_over_direct": (a.n / s) / (a.n / d), "added_ms_per_trajectory_amortized": per_traj_ms}

@@ -27,7 +27,6 @@ import os
 import re
 import shutil
 import tempfile
-import threading
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlparse
@@ -46,17 +45,11 @@ ZSTD = b"\x28\xb5\x2f\xfd"  # a zstd frame's magic number
 # tokens, once, beside minutes of generation). Levels 11-15 gain under 4% there; 16 is the
 # first of zstd's `btultra` levels, 17-19 add under 1% for more time.
 FAST_LEVEL, LARGE_LEVEL, LARGE = 3, 16, 16 * 1024
-_local = threading.local()
 
 
 def compress(packed: bytes, level: int = FAST_LEVEL) -> bytes:
     """One zstd frame of `packed` (a packed trajectory, or a page's head or tail)."""
-    if level != FAST_LEVEL:  # rare and slow: a fresh context, not one kept per thread
-        return zstandard.ZstdCompressor(level=level).compress(packed)
-    c = getattr(_local, "fast", None)
-    if c is None:
-        c = _local.fast = zstandard.ZstdCompressor(level=FAST_LEVEL)
-    return c.compress(packed)
+    return zstandard.ZstdCompressor(level=level).compress(packed)
 
 
 async def compress_result(packed: bytes) -> bytes:
