@@ -6,7 +6,7 @@ a 422 from the env (bad task) raises `EnvRejected`."""
 from __future__ import annotations
 
 import asyncio
-import uuid
+import itertools
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -62,32 +62,40 @@ class EnvBackend(Protocol):
 
 class LocalEnvs:
     """Environments in this process. Their (blocking) calls run in threads, so a sandboxed
-    step never stalls the event loop that heartbeats leases."""
+    step never stalls the event loop that heartbeats leases; an environment whose calls are
+    pure computation of microseconds (`EnvSpec.inline`) is called on the loop itself."""
 
     def __init__(self) -> None:
-        self._envs: dict[str, Env] = {}
+        self._envs: dict[str, tuple[Env, bool]] = {}  # session -> (environment, inline)
+        self._ids = itertools.count()  # session ids are keys of this process only
 
     async def open(self, env: str, task: dict[str, Any], seed: int | None,
                    trajectory_id: str | None = None) -> tuple[EnvHandle, list[Message]]:
         e = registry.make(env)  # sandboxes come from the process-wide pools (`episode_claims`)
+        inline = registry.spec(env).inline
         try:
-            obs, _ = await asyncio.to_thread(e.reset, task, seed)
+            obs, _ = await _call(inline, e.reset, task, seed)
         except EnvError as err:
             raise EnvRejected(str(err)) from err
-        sid = uuid.uuid4().hex
-        self._envs[sid] = e
+        sid = f"local-{next(self._ids)}"
+        self._envs[sid] = (e, inline)
         return EnvHandle(sid, ""), obs
 
     async def step(self, h: EnvHandle, action: str) -> StepResult:
+        e, inline = self._envs[h.session_id]
         try:
-            return await asyncio.to_thread(self._envs[h.session_id].step, action)
+            return await _call(inline, e.step, action)
         except EnvError as err:
             raise EnvRejected(str(err)) from err
 
     async def close(self, h: EnvHandle) -> None:
-        e = self._envs.pop(h.session_id, None)
+        e, inline = self._envs.pop(h.session_id, (None, False))
         if e is not None:
-            await asyncio.to_thread(e.close)
+            await _call(inline, e.close)
+
+
+async def _call(inline: bool, fn, *args):
+    return fn(*args) if inline else await asyncio.to_thread(fn, *args)
 
 
 class RemoteEnvs:

@@ -12,7 +12,7 @@ env worker answers with a 4xx: `UnknownEnv` (no such family or name), `EnvPackag
 interface cannot be mapped onto ours).
 
 An `EnvSpec` says whether a recorded episode replays exactly (`nondeterminism`: None, or why
-not) and lists the resource specs its environment may acquire (`resources`): the env
+not), whether its calls are cheap enough to run on an event loop (`inline`), and lists the resource specs its environment may acquire (`resources`): the env
 worker pre-warms those pools, and hands such an environment a per-episode `Claims`.
 """
 
@@ -35,6 +35,10 @@ class EnvSpec:
     # Why replaying a recorded episode (same task, seed and actions) may not reproduce its
     # observations and rewards; None: it does (`rollout_service.replay`, checked by its tests).
     nondeterminism: str | None = None
+    # Its reset, step and close are pure computation of microseconds (no sandbox, no I/O, bounded
+    # input): an in-process runner calls them on its event loop instead of handing each to a
+    # thread, whose handoff (and the GIL it contends for) costs more than the call.
+    inline: bool = False
 
 
 class EnvNameError(Exception):

@@ -128,9 +128,21 @@ def load_tokenizer(spec: str) -> Tokenizer:
         return _load_folder(spec)
 
 
+def loaded_tokenizer(spec: str) -> Tokenizer | None:
+    """The tokenizer if it is at hand without reading a file (a name, or a folder loaded
+    before), else None: then `load_tokenizer` it, off the event loop."""
+    return _NAMED.get(spec) or _LOADED.get(spec)
+
+
+_LOADED: dict[str, Tokenizer] = {}  # what `_load_folder` holds, for `loaded_tokenizer`
+
+
 @lru_cache(maxsize=16)
 def _load_folder(path: str) -> Tokenizer:
-    return HFTokenizer(path)
+    tok = _LOADED[path] = HFTokenizer(path)
+    if len(_LOADED) > 16:  # as many as the cache keeps
+        del _LOADED[next(iter(_LOADED))]
+    return tok
 
 
 class TemplateDriftError(ValueError):

@@ -1,6 +1,7 @@
 """The rollout worker: claims trajectories, runs episodes, records results.
 
-Each claimed trajectory runs as its own task. One heartbeat loop per worker extends every
+Each claimed trajectory runs as its own task; its slot frees when its episode ends, so the
+next claim overlaps the result's write (`free_slots`). One heartbeat loop per worker extends every
 lease the worker holds in one round trip (`Queue.heartbeat_many`), so 100k trajectories in
 flight cost a few calls a period, not 100k; a beat that runs late (a busy event loop)
 extends them for longer (`stretched_lease`). The heartbeat also carries cancellation: when
@@ -103,6 +104,9 @@ class Worker:
         # requeued and may come back to this same worker while the old episode still runs.
         self._handlers: dict[str, asyncio.Task] = {}
         self._live: dict[str, _Live] = {}  # by lease token: what the heartbeat loop renews
+        # Handlers whose episode has ended and whose result is being written: their slot is free
+        # (the next claim overlaps the write), up to as many again as `concurrency`.
+        self._writing: set[asyncio.Task] = set()
         self._slot_freed = asyncio.Event()
         self.finished = 0
 
@@ -127,7 +131,8 @@ class Worker:
                     if loop.done():
                         raise LoopDied(f"background loop {loop.get_coro().__name__} ended") from (
                             None if loop.cancelled() else loop.exception())
-                if len(self._active) >= self.concurrency:  # full: until a slot frees (O(1), however many run)
+                free = self.free_slots()
+                if not free:  # full: until a slot frees (O(1), however many run)
                     self._slot_freed.clear()
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(1.0):
@@ -135,7 +140,7 @@ class Worker:
                     continue
                 try:
                     # As many as there are free slots: a GRPO group's members come together.
-                    claims = await self.queue.claim_many(self.id, min(self.concurrency - len(self._active), CLAIM_MOST))
+                    claims = await self.queue.claim_many(self.id, min(free, CLAIM_MOST))
                     if not claims:
                         await self._wait_for_work(stop)
                 except UNAVAILABLE:
@@ -152,8 +157,20 @@ class Worker:
                 t.cancel()
             await asyncio.gather(*self._active, reaper, prober, beater, return_exceptions=True)
 
+    def free_slots(self) -> int:
+        """How many more episodes may start: `concurrency` run at once, and a slot frees when its
+        episode ends, while its result is still being written (at most `concurrency` writing)."""
+        running = len(self._active) - len(self._writing)
+        return max(0, min(self.concurrency - running, 2 * self.concurrency - len(self._active)))
+
+    def _episode_over(self, live: _Live) -> None:
+        live.in_episode = False
+        self._writing.add(live.task)
+        self._slot_freed.set()
+
     def _ended(self, task: asyncio.Task) -> None:
         self._active.discard(task)
+        self._writing.discard(task)
         self._slot_freed.set()
 
     async def _wait_for_work(self, stop: asyncio.Event) -> None:
@@ -302,7 +319,7 @@ class Worker:
             traj = await run_episode(work, self.fleet, self.envs, claim.attempt, self.lifecycle, claim.restarts,
                                      lambda turn: self._append_turn(claim, turn))
         except asyncio.CancelledError:
-            live.in_episode = False
+            self._episode_over(live)
             if live.verdict == LEASE_OK:  # the worker shuts down: hand the trajectory back now, uncharged
                 with contextlib.suppress(Exception):  # (if Redis is away too, its lease lapses instead)
                     await asyncio.wait_for(self.queue.restart(claim), 5.0)
@@ -314,21 +331,21 @@ class Worker:
             traj = _failed_stub(claim, FailureKind.cancelled, "batch cancelled", work)
             traj.state = TrajectoryState.cancelled
         except LeaseLost:  # a turn could not be recorded: another worker owns the trajectory now
-            live.in_episode = False
+            self._episode_over(live)
             log.warning("lease lost; dropping the episode", extra={"trajectory_id": claim.trajectory_id})
             return
         except LOST as e:
-            live.in_episode = False
+            self._episode_over(live)
             kind = FailureKind.engine if isinstance(e, EngineLost) else \
                 FailureKind.env if isinstance(e, EnvWorkerLost) else FailureKind.internal
             await self._restart(claim, f"{type(e).__name__}: {e}", kind, work)
             return
         except Exception as e:
-            live.in_episode = False
+            self._episode_over(live)
             log.exception("episode crashed", extra={"trajectory_id": claim.trajectory_id})
             traj = _failed_stub(claim, FailureKind.internal, f"episode crashed: {e!r}", work)
         else:
-            live.in_episode = False
+            self._episode_over(live)
         if (traj.state is TrajectoryState.failed and traj.failure and traj.failure.kind.retryable
                 and claim.attempt < self.queue.max_attempts):
             log.info("retrying after an infrastructure failure", extra={

@@ -192,11 +192,12 @@ class Store:
                 if f["state"] == "batch_done":
                     out.append((eid, None))
                     continue
-                out.append((eid, TrajectoryEvent(
+                ms, n = eid.split("-")
+                out.append((eid, TrajectoryEvent.model_construct(  # (typed here: a reader takes thousands a second)
                     trajectory_id=f["tid"], state=TrajectoryState(f["state"]),
                     reward=float(f["reward"]) if f["reward"] else None,
                     failure=Failure.model_validate_json(f["failure"]) if f["failure"] else None,
-                    seq=int(eid.split("-")[0]) * 1000 + int(eid.split("-")[1]),
+                    seq=int(ms) * 1000 + int(n),
                 )))
         return out
 

@@ -89,4 +89,5 @@ class CalcEnv:
 
 
 register(EnvSpec("calc", CalcEnv, "multi-turn arithmetic with a calculator tool",
-                 example_tasks=[{"seed": 3}, {"question": "What is 123 times 45?", "answer": 5535}]))
+                 example_tasks=[{"seed": 3}, {"question": "What is 123 times 45?", "answer": 5535}],
+                 inline=True))

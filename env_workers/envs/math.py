@@ -38,4 +38,5 @@ class MathEnv:
 
 
 register(EnvSpec("math", MathEnv, "single-turn arithmetic word problems, exact-match reward",
-                 example_tasks=[{"seed": 1}, {"question": "What is 6 times 7?", "answer": 42}]))
+                 example_tasks=[{"seed": 1}, {"question": "What is 6 times 7?", "answer": 42}],
+                 inline=True))

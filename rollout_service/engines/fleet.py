@@ -31,7 +31,7 @@ from collections.abc import AsyncIterator
 
 from rollout_service.engines.base import Engine, EngineError, EngineLost, GenerateRequest, GenerateResult, TokenDelta
 from rollout_service.engines.kinds import make_engine
-from rollout_service.tokens import Tokenizer, load_tokenizer
+from rollout_service.tokens import Tokenizer, load_tokenizer, loaded_tokenizer
 from scheduler.registry import Registry
 from scheduler.roles import Role
 from scheduler.router import NoEngine, RoleAware, RoutingPolicy
@@ -164,8 +164,9 @@ class Fleet:
             raise EngineError("no engine registered") from e
         spec = self._engines[eid][1]
         parser = self._infos[eid].tool_parser if eid in self._infos else "hermes"
+        tok = loaded_tokenizer(spec)  # at hand almost always: no thread for it
         try:
-            return spec, await asyncio.to_thread(load_tokenizer, spec), parser
+            return spec, tok if tok is not None else await asyncio.to_thread(load_tokenizer, spec), parser
         except Exception as e:  # not a registered name nor a loadable tokenizer folder
             raise EngineError(f"engine {eid}: tokenizer {spec!r} cannot be loaded ({type(e).__name__})") from e
 

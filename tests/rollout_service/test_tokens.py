@@ -1,4 +1,4 @@
-from rollout_service.tokens import ByteTokenizer, ChatTokens, HFTokenizer
+from rollout_service.tokens import ByteTokenizer, ChatTokens, HFTokenizer, load_tokenizer, loaded_tokenizer
 from wire import FunctionCall, Message, ToolCall
 
 
@@ -79,3 +79,13 @@ def test_a_template_with_tools_renders_them_and_appending_still_holds(tmp_path):
     call = ToolCall(id="c0", function=FunctionCall(name="add", arguments='{"a": 2}'))
     full = chat.prompt([*opening, Message(role="assistant", content="", tool_calls=[call]), *answer], tools)
     assert appended == full
+
+
+def test_a_tokenizer_is_at_hand_without_a_file_read_once_loaded(tmp_path):
+    """`loaded_tokenizer` answers from memory (a name, or a folder loaded before) so the
+    worker needs no thread for it; a folder not loaded yet is None, to be loaded off the loop."""
+    assert loaded_tokenizer("byte") is load_tokenizer("byte")
+    tool_template_tokenizer(tmp_path)  # writes the folder
+    assert loaded_tokenizer(str(tmp_path)) is None
+    tok = load_tokenizer(str(tmp_path))
+    assert loaded_tokenizer(str(tmp_path)) is tok

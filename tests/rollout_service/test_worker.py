@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import threading
 import time
@@ -96,6 +97,34 @@ async def test_a_result_slow_to_write_keeps_its_lease(settings, redis, keys, mon
     t = await store.trajectory(f"{b.id}-0-0")
     assert st.counts[TrajectoryState.completed] == 1 and t.restarts == 0 and t.attempts == 1
 
+
+
+async def test_a_slot_frees_when_its_episode_ends_while_its_result_is_written(settings, redis, keys, monkeypatch):
+    """The next claim overlaps a result's write: `concurrency` episodes run at once, and up to
+    as many again may be writing their results (never more)."""
+    from scheduler.results import RedisResults
+
+    real, gate, writing, most = RedisResults.put, [], [0], [0]
+
+    async def held(self, *args):  # each write waits until four are being written (or 20 s)
+        if not gate:
+            gate.append(asyncio.Event())
+        writing[0] += 1
+        most[0] = max(most[0], writing[0])
+        if writing[0] >= 4:
+            gate[0].set()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(gate[0].wait(), 20)
+        writing[0] -= 1
+        return await real(self, *args)
+
+    monkeypatch.setattr(RedisResults, "put", held)
+    q, store = Queue(redis, keys), Store(redis, keys)
+    b = await q.enqueue(RolloutRequest(tasks=[{"seed": i} for i in range(6)], env="math"))
+    with RunningWorker(settings, concurrency=2):
+        st = await wait_done(store, b.id, timeout=60)
+    assert st.counts[TrajectoryState.completed] == 6
+    assert most[0] == 4  # 2 episodes' slots were reused while their results waited; 2 x concurrency at most
 
 def test_a_late_heartbeat_stretches_the_leases_and_the_stretch_wears_off():
     from rollout_service.worker import stretched_lease
