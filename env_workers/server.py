@@ -73,8 +73,15 @@ class Session:
     id: str
     owner: str  # the trajectory this episode belongs to: owner of its resource leases
     env: Env
+    inline: bool = False  # `EnvSpec.inline`: its calls run on the event loop, not in a thread
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_used: float = field(default_factory=time.monotonic)
+
+
+async def _call(inline: bool, fn, *args):
+    """`fn(*args)` on the event loop for an env whose calls are microseconds of computation
+    (`EnvSpec.inline`: a thread handoff costs more than the call), else in a thread."""
+    return fn(*args) if inline else await run_in_threadpool(fn, *args)
 
 
 class EnvRejected422(ApiError):
@@ -270,7 +277,7 @@ def create_app(max_sessions: int = 1024, idle_s: float = 600.0,
         if len(sessions) >= max_sessions:
             raise Overloaded(f"env worker at its limit of {max_sessions} sessions")
         try:  # a third-party name imports its package and may ask its server: off the event loop
-            await run_in_threadpool(registry.spec, body.env)
+            spec = await _call(":" not in body.env, registry.spec, body.env)  # a built-in: a lookup
         except (UnknownEnv, EnvPackageMissing, EnvUnadaptable) as e:
             raise _spec_error(e) from e
         except Exception as e:  # noqa: BLE001 - the third party's own code failed while loading
@@ -280,16 +287,17 @@ def create_app(max_sessions: int = 1024, idle_s: float = 600.0,
         stale = sessions.pop(owners.get(owner, ""), None)
         if stale is not None:  # an earlier attempt of this trajectory: its lease is gone, and so is its episode
             await run_in_threadpool(close_session, stale)
+        inline = spec.inline and not spec.resources
         try:
-            env = await run_in_threadpool(registry.make, body.env, pools.claims(owner))
+            env = await _call(inline, registry.make, body.env, pools.claims(owner))
         except Exception as e:  # noqa: BLE001 - a third-party constructor: its failure is the env's
             await run_in_threadpool(pools.release, owner)
             raise _api_error(e) from e
-        sess = Session(sid, owner, env)
+        sess = Session(sid, owner, env, inline)
         try:
-            obs, info = await run_in_threadpool(sess.env.reset, body.task, body.seed)
+            obs, info = await _call(inline, sess.env.reset, body.task, body.seed)
         except Exception as e:  # noqa: BLE001 - every failure of the env's own code is an answer, not a 500
-            await run_in_threadpool(close_session, sess)
+            await _call(inline, close_session, sess)
             raise _api_error(e) from e
         sessions[sid] = sess
         owners[owner] = sid
@@ -303,7 +311,7 @@ def create_app(max_sessions: int = 1024, idle_s: float = 600.0,
         async with sess.lock:
             sess.last_used = time.monotonic()
             try:
-                r = await run_in_threadpool(sess.env.step, body.action)
+                r = await _call(sess.inline, sess.env.step, body.action)
             except Exception as e:  # noqa: BLE001 - as in open_session
                 raise _api_error(e) from e
             finally:
@@ -316,7 +324,7 @@ def create_app(max_sessions: int = 1024, idle_s: float = 600.0,
         sess = sessions.pop(sid, None)
         if sess is None:
             raise NotFound(f"no session {sid!r}")
-        await run_in_threadpool(close_session, sess)
+        await _call(sess.inline, close_session, sess)
         return {"closed": sid}
 
     return app

@@ -100,3 +100,40 @@ def make_sandbox(backend, request):
 @pytest.fixture
 def sandbox(make_sandbox):
     return make_sandbox(Limits(timeout_s=5.0))
+
+
+@pytest.fixture
+def probe_envs(monkeypatch):
+    """Two envs like `math`, `probe-inline` (`EnvSpec.inline`) and `probe-threaded`, registered for
+    one test; each call records whether it ran on an event loop: {name: [True, ...]}."""
+    import asyncio
+
+    from env_workers import registry
+    from env_workers.envs.math import MathEnv
+
+    seen: dict[str, list[bool]] = {"probe-inline": [], "probe-threaded": []}
+
+    def on_loop() -> bool:
+        try:
+            asyncio.get_running_loop()
+            return True
+        except RuntimeError:  # a worker thread has none
+            return False
+
+    def probe(name: str):
+        class Probe(MathEnv):
+            def reset(self, task, seed=None):
+                seen[name].append(on_loop())
+                return super().reset(task, seed)
+
+            def step(self, action):
+                seen[name].append(on_loop())
+                return super().step(action)
+
+        return Probe
+
+    registry.names()  # the built-ins first, then the probes beside them
+    for name in seen:
+        monkeypatch.setitem(registry._REGISTRY, name,
+                            registry.EnvSpec(name, probe(name), "probe", inline=name == "probe-inline"))
+    return seen

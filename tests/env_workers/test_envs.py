@@ -1,12 +1,9 @@
-import threading
-
 import pytest
 
 from env_workers import registry
 from env_workers.client import LocalEnvs
 from env_workers.checker import check_env
 from env_workers.envs.calc import evaluate
-from env_workers.envs.math import MathEnv
 from env_workers.envs.problems import parse_answer, word_problem
 
 
@@ -61,33 +58,15 @@ def test_parse_answer():
 
 
 
-async def test_local_envs_call_an_inline_env_on_the_loop_and_any_other_in_a_thread(monkeypatch):
+
+async def test_local_envs_call_an_inline_env_on_the_loop_and_any_other_in_a_thread(probe_envs):
     """An env whose calls are microseconds of computation (`EnvSpec.inline`) is called on the
     event loop: a thread handoff per call cost more than the call (and the GIL with it). Any
     other env, one that may block on a sandbox, runs in a thread so the loop keeps heartbeating."""
-    loop_thread = threading.get_ident()
-    seen: dict[str, list[bool]] = {"inline": [], "threaded": []}
-
-    def probe(kind: str):
-        class Probe(MathEnv):
-            def reset(self, task, seed=None):
-                seen[kind].append(threading.get_ident() == loop_thread)
-                return super().reset(task, seed)
-
-            def step(self, action):
-                seen[kind].append(threading.get_ident() == loop_thread)
-                return super().step(action)
-
-        return Probe
-
-    registry.names()  # the built-ins first, then the two probes beside them for this test
-    for kind in seen:
-        monkeypatch.setitem(registry._REGISTRY, f"probe-{kind}",
-                            registry.EnvSpec(f"probe-{kind}", probe(kind), "probe", inline=kind == "inline"))
     envs = LocalEnvs()
-    for kind in seen:
-        h, _ = await envs.open(f"probe-{kind}", {"question": "1+1?", "answer": 2}, 0)
+    for name in probe_envs:
+        h, _ = await envs.open(name, {"question": "1+1?", "answer": 2}, 0)
         got = await envs.step(h, "answer: 2")
         await envs.close(h)
         assert got.reward == 1.0
-    assert seen == {"inline": [True, True], "threaded": [False, False]}
+    assert probe_envs == {"probe-inline": [True, True], "probe-threaded": [False, False]}

@@ -104,7 +104,7 @@ def test_the_worker_prewarms_the_pools_its_envs_declare():
 async def test_local_envs_release_on_close():
     envs = LocalEnvs()
     h, _ = await envs.open("swe", {"seed": 3}, None)
-    env = envs._envs[h.session_id]
+    env, _ = envs._envs[h.session_id]  # (environment, inline)
     await envs.step(h, BASH)
     claims = env._sandbox.claims
     assert len(claims.held) == 1

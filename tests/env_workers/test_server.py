@@ -33,6 +33,17 @@ def test_session_lifecycle(env_server):
         assert gone.status_code == 404 and gone.json()["error"]["code"] == "not_found"
 
 
+
+def test_an_inline_env_is_served_on_the_loop_and_any_other_in_a_thread(env_server, probe_envs):
+    """As in-process (`LocalEnvs`): an `EnvSpec.inline` env's calls skip the thread pool."""
+    with httpx.Client(base_url=env_server.url) as c:
+        for name in probe_envs:
+            opened = c.post("/v1/sessions", json={"env": name, "task": {"question": "1+1?", "answer": 2}})
+            sid = opened.json()["session_id"]
+            assert c.post(f"/v1/sessions/{sid}/step", json={"action": "answer: 2"}).json()["reward"] == 1.0
+            assert c.delete(f"/v1/sessions/{sid}").status_code == 200
+    assert probe_envs == {"probe-inline": [True, True], "probe-threaded": [False, False]}
+
 def test_errors_use_one_shape(env_server):
     with httpx.Client(base_url=env_server.url) as c:
         unknown = c.post("/v1/sessions", json={"env": "nope", "task": {}})
