@@ -8,13 +8,13 @@ allocator and router) runs the same episodes under:
 - colocated, tuned: the best of chunk budgets 512 / 2,048 / 8,192 tokens a rank, in hindsight;
 - every static split: p prefill + (N − p) decode engines, every p for N ≤ 8 engines, else
   p ∈ N·{1/8, 1/4, 3/8, 1/2, 5/8, 3/4};
-- guided: starts colocated; every 5 s the forecaster and allocator may move engines; the
-  allocator's step model is fitted to the simulated engines' own steps (no prior from the cost
-  model). It starts from what it learned in the rollout phase before (the same workload with
-  another seed, run first and not timed): RL training rolls out the same environments step
-  after step, and the live service keeps its forecasters and fit between batches;
-- guided, cold: the same without the phase before (the first rollout phase of a run: the
-  forecast is its prior until responses come back, the fit needs steps);
+- guided: every 5 s the forecaster and allocator may move engines; the allocator's step model
+  is fitted to the simulated engines' own steps (no prior from the cost model). It starts from
+  what it learned in the rollout phase before (the same workload with another seed, run first
+  and not timed), in the roles that phase ended in: RL training rolls out the same environments
+  step after step, and the live service keeps its forecasters, fit and engine roles between batches;
+- guided, cold: the same without the phase before, colocated at the start (the first rollout
+  phase of a run: the forecast is its prior until responses come back, the fit needs steps);
 - guided, perfect forecast: warm as guided, told the true demand of the next 15 s;
 - hindsight oracle: the best in hindsight of colocated, every static split, and a dynamic run
   told the true demand and the true cost model (`Policy.oracle()`).

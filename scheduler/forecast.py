@@ -125,6 +125,10 @@ class Demand:
     live: int = 0
     mean_response: float = 0.0  # tokens per response (a prefill engine never saw the last one)
     observed: int = 0  # responses the forecaster has learned from so far (few: the forecast is mostly prior)
+    # the context a prefill token attends to, mean weighted by prefill tokens: a turn's prefill
+    # comes after its conversation, and the turns that prefill most (long observations) tend to
+    # be the long conversations, so this runs well above `mean_context` (0: unknown, use that)
+    prefill_prefix: float = 0.0
 
     def report(self) -> dict[str, int]:
         """This worker's share, as the additive fields of a registry report (`forecast:*`): means
@@ -134,7 +138,10 @@ class Demand:
                 "forecast:context_tokens": round(self.mean_context * self.live), "forecast:turns": round(self.turns),
                 "forecast:live": self.live, "forecast:response_tokens": round(self.mean_response * self.live),
                 # without it a live allocator read 0 responses learned and `min_observed` held every move
-                "forecast:observed": self.observed}
+                "forecast:observed": self.observed,
+                "forecast:prefix_tokens": round(self.prefill_prefix * self.prefill_tokens),
+                # what is forecast to arrive, apart from the backlog waiting now (a burst: see the allocator)
+                "forecast:prefill_arrivals": round(self.prefill_arrivals)}
 
     @classmethod
     def from_report(cls, report: dict[str, int], horizon_s: float) -> Demand:
@@ -143,11 +150,13 @@ class Demand:
         live = max(f["live"], 1.0)
         return cls(horizon_s=horizon_s, prefill_tokens=f["prefill_tokens"], decode_tokens=f["decode_tokens"],
                    decode_seqs=f["decode_seqs"], mean_context=f["context_tokens"] / live, turns=f["turns"],
-                   live=int(f["live"]), mean_response=f["response_tokens"] / live, observed=int(f["observed"]))
+                   live=int(f["live"]), mean_response=f["response_tokens"] / live, observed=int(f["observed"]),
+                   prefill_prefix=f["prefix_tokens"] / f["prefill_tokens"] if f["prefill_tokens"] else 0.0,
+                   prefill_arrivals=f["prefill_arrivals"])
 
 
 _REPORTED = ("prefill_tokens", "decode_tokens", "decode_seqs", "context_tokens", "turns", "live", "response_tokens",
-             "observed")
+             "observed", "prefix_tokens", "prefill_arrivals")
 
 
 @dataclass(slots=True)
@@ -280,7 +289,7 @@ class Forecaster:
     def forecast(self, live: Iterable[Track], now: float, horizon_s: float | None = None) -> Demand:
         h = self.horizon_s if horizon_s is None else horizon_s
         speed = self._speed.get(self.prior.decode_tok_s)
-        p_back = d_back = p_arr = d_arr = seqs = ctx = turns = resp = 0.0
+        p_back = d_back = p_arr = d_arr = seqs = ctx = turns = resp = attend = 0.0
         n = 0
         for t in live:
             n += 1
@@ -298,6 +307,7 @@ class Forecaster:
                     d_back += left
                 else:
                     p_back += t.pending_prefill
+                    attend += t.pending_prefill * (t.context_tokens - t.pending_prefill / 2)
                     d_back += m
                     turns += 1
                 seqs += 1
@@ -310,18 +320,25 @@ class Forecaster:
             # episode is still going; later turns one learned turn period apart.
             turn, at, period = t.turn, first, self.period(t.env)
             weight = p * (1.0 - self.end_prob(t.env, turn))
+            # the conversation the next observation follows: what it holds, and the response still to come
+            before = t.context_tokens + (0.0 if t.phase is Phase.tool else left)
             while weight > 0.01:
                 turn += 1
                 turns += weight
-                p_arr += weight * ts.observation.get(self.prior.observation_tokens)
-                d_arr += weight * self.response_tokens(t.env, turn)
+                obs = ts.observation.get(self.prior.observation_tokens)
+                p_arr += weight * obs
+                attend += weight * obs * (before + obs / 2)
+                r = self.response_tokens(t.env, turn)
+                d_arr += weight * r
+                before += obs + r
                 at += period
                 if at >= h:
                     break
                 weight *= 1.0 - self.end_prob(t.env, turn)
             resp += t.last_response
-        d = Demand(h, p_back + p_arr, d_back + d_arr, seqs, ctx / n if n else 0.0, p_arr, d_arr, turns, n,
-                   resp / n if n else 0.0, self._learned)
+        p_all = p_back + p_arr
+        d = Demand(h, p_all, d_back + d_arr, seqs, ctx / n if n else 0.0, p_arr, d_arr, turns, n,
+                   resp / n if n else 0.0, self._learned, attend / p_all if p_all else 0.0)
         self._forecasts.append((now, h, p_arr, d_arr))
         return d
 

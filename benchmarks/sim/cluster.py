@@ -12,7 +12,8 @@ same one if it is mixed; otherwise the KV not already there is transferred, at
 → next turn, or done.
 
 Policies: `Policy.colocated()` (every engine mixed, never moves), `Policy.static(p)` (p prefill
-engines, the rest decode, never moves), `Policy.guided()` (starts all mixed; every `control_s`
+engines, the rest decode, never moves), `Policy.guided()` (starts all mixed, or warm in the roles
+the phase before ended in, as live engines keep theirs between batches; every `control_s`
 the forecaster and allocator may move engines, draining them first; the allocator's `Capacity`
 starts from a vague prior and is fitted to the simulated engines' steps, as the live service
 fits it to vLLM's), `Policy.guided(perfect=True)` (the same, with the true demand of the next
@@ -99,14 +100,16 @@ class Result:
 
 @dataclass(slots=True, frozen=True)
 class Warm:
-    """A guided run's learned state: the capacity fit and the forecaster's statistics. RL training
-    rolls out the same environments step after step, and the live service keeps both between
-    batches (the allocator process and every worker's forecaster live on), so a rollout phase
-    after the first starts from what the one before it learned; `Cluster(warm=...)` starts a run
-    from it (copied: the source is left as it was)."""
+    """A guided run's learned state: the capacity fit, the forecaster's statistics and the roles
+    the engines ended in. RL training rolls out the same environments step after step, and the
+    live service keeps all three between batches (the allocator process and every worker's
+    forecaster live on; an engine keeps its role until moved), so a rollout phase after the first
+    starts from what the one before it learned; `Cluster(warm=...)` starts a run from it (copied:
+    the source is left as it was)."""
 
     capacity: Capacity
     forecaster: Forecaster
+    layout: Layout | None = None  # the roles the engines ended in: they keep them into the next phase
 
 
 @dataclass(slots=True)
@@ -172,6 +175,8 @@ class Cluster:
                      for i in range(gpus)}
         p = policy.prefill or 0
         layout = Layout(p, gpus - p, 0) if p else Layout(0, 0, gpus)
+        if warm is not None and self.guided and warm.layout is not None:
+            layout = warm.layout  # an engine keeps its role between batches, as live engines do
         # the engines were up before the run: their starting roles are not a recent move (dwell)
         self.allocator = Allocator(self.gpus, self.capacity, config, layout, now=-config.dwell_s)
         self.forecaster = Forecaster(horizon_s)
@@ -192,7 +197,7 @@ class Cluster:
     # --- running ------------------------------------------------------------------------
     def warm(self) -> "Warm":
         """What this run learned, to start another from (after `run`)."""
-        return Warm(self.capacity, self.forecaster)
+        return Warm(self.capacity, self.forecaster, self.allocator.layout())
 
     def run(self) -> Result:
         if self.mode == "sync":
@@ -381,7 +386,7 @@ class Cluster:
         with the decode engines' current step times. Same shape as `Forecaster.forecast`."""
         taus = [g._tau for g in self.gpus.values() if g._seqs]
         tau = sum(taus) / len(taus) if taus else self.cost.decode_step_s
-        p = dtok = seqs = ctx = turns = resp = 0.0
+        p = dtok = seqs = ctx = turns = resp = attend = backlog = 0.0
         n = 0
         for t in self.lifecycle.live():
             tr = self.trajs[t.id]
@@ -397,21 +402,28 @@ class Cluster:
                     left, step = self.gpus[tr.decode_on].remaining(t.id)
                 else:
                     p += t.pending_prefill
+                    backlog += t.pending_prefill
+                    attend += t.pending_prefill * (t.context_tokens - t.pending_prefill / 2)
                     turns += 1
                     left, step = spec[tr.turn].response, tau
                 dtok += left
                 at = left * step + spec[tr.turn].latency_s
             turn = tr.turn
+            before = t.context_tokens + (0 if t.phase is Phase.tool else spec[tr.turn].response)
             while at < h and turn + 1 < len(spec):
                 if turn == tr.turn and t.phase is Phase.tool:
                     seqs += 1
-                p += spec[turn].observation
+                obs = spec[turn].observation
+                p += obs
+                attend += obs * (before + obs / 2)
+                before += obs + spec[turn + 1].response
                 dtok += spec[turn + 1].response
                 turns += 1
                 turn += 1
                 at += spec[turn].response * tau + spec[turn].latency_s
         return Demand(h, p, dtok, seqs, ctx / n if n else 0.0, turns=turns, live=n, mean_response=resp / n if n else 0.0,
-                      observed=1 << 30)  # nothing to learn: it is the truth
+                      observed=1 << 30,  # nothing to learn: it is the truth
+                      prefill_arrivals=p - backlog, prefill_prefix=attend / p if p else 0.0)
 
     def _check_drained(self, gpu: SimGPU) -> None:
         st = self.allocator.engines[gpu.id]

@@ -78,12 +78,15 @@ class SimGPU:
         return not self._prefill and not self._seqs and not self._wait and self.incoming == 0
 
     def drain_s(self) -> float:
-        """Seconds to finish what the engine holds, at the current pace."""
+        """Seconds to finish what the engine holds once it takes nothing new: the queued prefill,
+        then the longest decode at a decode-only step's pace (a draining engine's steps carry no
+        new chunks: at the current pace, a colocated engine's prefill-stalled steps made drains
+        look up to 10x longer than they are)."""
         pf = self._pf_left / self.cost.prefill_tokens_per_s
         if not self._seqs:
             return pf + (0.5 if self._wait or self.incoming else 0.0)
         longest = max(f for f, _, _ in self._heap) - self._v
-        return pf + longest * max(self._tau, self.cost.decode_step_s)
+        return pf + longest * self.cost.step_time(len(self._seqs), self.context())
 
     # --- work in ----------------------------------------------------------------------
     def add_prefill(self, tid: str, tokens: int, prefix: int = 0) -> None:

@@ -11,7 +11,7 @@ from benchmarks.sim.cluster import Cluster, Policy
 from benchmarks.sim.cost import DEFAULT, PRESETS, ClusterCost
 from benchmarks.sim.gpu import SimGPU
 from benchmarks.sim.workload import WORKLOADS, Workload
-from scheduler.allocator import Allocator
+from scheduler.allocator import Allocator, Layout
 from scheduler.forecast import Forecaster
 from scheduler.lifecycle import Lifecycle
 from scheduler.roles import Role
@@ -147,3 +147,47 @@ def test_grpo_groups_share_a_prompt_and_its_prefill():
     alone = Cluster(dataclasses.replace(wl, group=1), 1, Policy.colocated(), "async").run()
     first = sum(e.prompt for e in (wl.episode(0, i, 0.0) for i in range(16)))
     assert shared.prefill_tokens < alone.prefill_tokens - 0.5 * first  # 15 of 16 prompts came from the cache
+
+
+def test_a_draining_engine_is_timed_at_a_decode_only_pace():
+    """Draining, an engine takes no new prefill: its decodes run at a decode-only step's pace, not
+    at the prefill-stalled pace of the moment (which made colocated drains look up to 10x longer)."""
+    cost = PRESETS["qwen3-30b-a3b-dp8ep8"]()
+    loop = EventLoop()
+    gpu = SimGPU("g", cost, loop, lambda g, t: None, lambda g, t: None)
+    for i in range(64):
+        gpu.add_decode(f"d{i}", 8_000, 1_000 + i)
+    gpu.add_prefill("p", 16_000, 20_000)  # a long observation after a long conversation stalls every step
+    stalled = gpu._tau
+    assert stalled > 3 * cost.step_time(64, gpu.context())
+    want = gpu._pf_left / cost.prefill_tokens_per_s + 1_063 * cost.step_time(64, gpu.context())
+    assert gpu.drain_s() == pytest.approx(want)
+    assert gpu.drain_s() < 0.5 * 1_063 * stalled
+
+
+def test_a_warm_phase_starts_in_the_roles_the_last_one_ended_in():
+    """Engines keep their roles between rollout phases, as live engines do: a warm guided run starts
+    in the layout the run before it ended in (a cold one, and every fixed policy, as before)."""
+    cost = PRESETS["qwen3-30b-a3b-dp8ep8"]()
+    wl = small("shift", per_gpu=8, rounds=1)
+    before = Cluster(wl, 3, Policy.guided(), "async", seed=3, cost=cost)
+    before.run()
+    before.allocator.engines["g001"].drain(Role.prefill, 1e3)  # it ended with one engine prefilling
+    before.allocator.drained("g001", 1e3)
+    warm = before.warm()
+    assert warm.layout == before.allocator.layout() != Layout(0, 0, 3)
+    def start(policy, w=None):
+        return Cluster(wl, 3, policy, "async", seed=4, cost=cost, warm=w).allocator.layout()
+
+    assert start(Policy.guided(), warm) == warm.layout
+    assert start(Policy.guided()) == start(Policy.colocated(), warm) == Layout(0, 0, 3)
+
+
+def test_the_perfect_forecast_tells_the_backlog_from_the_arrivals():
+    """The allocator prices a burst waiting now apart from turns arriving over the horizon, so the
+    true demand must say which is which (it once called everything backlog)."""
+    c = Cluster(small("web", per_gpu=8, rounds=1), 2, Policy.guided(perfect=True), "sync", seed=0)
+    c._submit_round()  # every prompt waits; turns will come back within the horizon
+    d = c._true_demand(0.0, 60.0)
+    waiting = sum(t.pending_prefill for t in c.lifecycle.live())
+    assert d.prefill_tokens - d.prefill_arrivals == waiting > 0 and d.prefill_arrivals > 0

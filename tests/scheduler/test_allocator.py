@@ -22,7 +22,8 @@ def additive() -> Capacity:
                     kv_tokens=9e6)
 
 
-PREFILL_HEAVY = Demand(15, 8e5, 6e5, 1000, 3000, turns=1400, live=1000, mean_response=300)
+# a steady stream of prefill: it arrives within the horizon (a backlog waiting now is a burst)
+PREFILL_HEAVY = Demand(15, 8e5, 6e5, 1000, 3000, prefill_arrivals=8e5, turns=1400, live=1000, mean_response=300)
 DECODE_ONLY = Demand(horizon_s=15, prefill_tokens=0, decode_tokens=64_000, decode_seqs=64, mean_context=1000)
 
 
@@ -62,7 +63,8 @@ def dense() -> Capacity:
     return Capacity(step=[0.0048, 2.0e-5, 2.9e-8, 2.4e-5, -0.002, 0.0], kv_tokens=8.5e5)
 
 
-PREFILL_HEAVY = Demand(15, 8e5, 6e5, 1000, 3000, turns=1400, live=1000, mean_response=300)
+# a steady stream of prefill: it arrives within the horizon (a backlog waiting now is a burst)
+PREFILL_HEAVY = Demand(15, 8e5, 6e5, 1000, 3000, prefill_arrivals=8e5, turns=1400, live=1000, mean_response=300)
 
 
 def test_plan_splits_a_dp_attention_group_and_keeps_a_dense_gpu_mixed():
@@ -242,3 +244,59 @@ def test_nothing_moves_on_a_forecast_that_is_still_mostly_prior():
         a.capacity.observe_step(64, 64 * 2048, 512, 0.02)
     assert a.allocate(early, {}, now=60.0) == []
     assert a.allocate(dataclasses.replace(PREFILL_HEAVY, observed=600), {}, now=60.0) != []
+
+
+# --- what a turn's prefill attends to, bursts, and losses that last ---------------------------------
+def moe_group() -> Capacity:
+    """A DP8 MoE group as the simulator's steps fit it, with the attention-to-prefix term: a 2,048-
+    token chunk on one rank after 17k cached tokens adds ~90 ms to every rank's step (9 ms alone)."""
+    return Capacity(step=[0.0091, 9.8e-8, 3.0e-9, 1.05e-5, 0.0016, 7.2e-7, 2.54e-9], chunk_tokens=16_384,
+                    rank_tokens=2048, kv_tokens=9.5e6)
+
+
+def test_the_prefill_prefix_prices_what_a_turn_attends_to():
+    """The turns that prefill most are the long conversations (long observations): their chunks
+    attend to far more than the mean live context. Priced at the mean, colocation looked nearly as
+    good as a split; priced at what prefill really attends to, the stalls it pays show."""
+    ids = IDS[:4]
+    at_mean = Demand(15, 7.5e5, 8.6e5, 512, 6700, prefill_arrivals=7.5e5, turns=144, live=512, mean_response=4000)
+    long_turns = dataclasses.replace(at_mean, prefill_prefix=40_000)  # as forecast early in the `shift` workload
+    a = Allocator(ids, moe_group(), AllocatorConfig(response_kv_pushed=True))
+    colo, split = Layout(0, 0, 4), Layout(1, 3, 0)
+    assert a.estimate(colo, long_turns) > 1.25 * a.estimate(colo, at_mean)
+    assert a.estimate(split, long_turns) == a.estimate(split, at_mean)  # decode-bound: its prefill engine has room
+    gain = {d.prefill_prefix: 1 - a.estimate(split, d) / a.estimate(colo, d) for d in (at_mean, long_turns)}
+    assert gain[0.0] < 0.10 < 0.20 < gain[40_000]
+
+
+def test_a_burst_waiting_now_is_not_pipelined_by_a_split():
+    """The same tokens as a stream (arriving over the horizon) and as a burst (all waiting now: a
+    synchronous batch's first prompts). A split pipelines the stream; the burst's last turn decodes
+    only once the prefill engines are through it, so no split ends before that plus one response."""
+    cap = moe_group()
+    a = Allocator(IDS[:4], cap, AllocatorConfig(response_kv_pushed=True))
+    stream = Demand(15, 5.3e6, 2.4e5, 256, 20_000, prefill_arrivals=5.3e6, turns=256, live=256, mean_response=400,
+                    prefill_prefix=10_000)
+    burst = dataclasses.replace(stream, prefill_arrivals=0.0)
+    split = Layout(2, 2, 0)
+    one_response = (2.4e5 / 256) * cap.step_s(128, 20_000)
+    assert a.estimate(split, burst) >= 5.3e6 / (2 * cap.prefill_rate(10_000)) + one_response
+    assert a.estimate(split, burst) > a.estimate(split, stream)
+    assert a.estimate(Layout(0, 0, 4), burst) == a.estimate(Layout(0, 0, 4), stream)  # colocation never pipelined
+    assert a.plan(burst)[0] == Layout(0, 0, 4)
+
+
+def test_a_loss_that_lasts_is_credited_for_as_long_as_it_has_lasted():
+    """A move whose drain costs more than `payback_s` of its gain waits; once the current layout
+    has been losing for longer, the loss is taken to last as long again and the move is made. A
+    burst in between starts the count again."""
+    cfg = AllocatorConfig(confirm=1, payback_s=10.0, dwell_s=0.0)
+    drain = {e: 40.0 for e in IDS}  # every engine holds long decodes: a move is dear
+    a = Allocator(IDS, additive(), cfg)
+    assert a.allocate(PREFILL_HEAVY, drain, now=0.0) == []
+    assert a.allocate(DECODE_ONLY, drain, now=5.0) == []  # a pause: the current layout is best again
+    t = 10.0
+    while not a.allocate(PREFILL_HEAVY, drain, now=t):
+        t += 5.0
+        assert t < 1000
+    assert t > 20.0  # held at first: counted from 10 s, not from the first sighting at 0 s

@@ -5,7 +5,9 @@ from __future__ import annotations
 import heapq
 import random
 
-from scheduler.forecast import Forecaster, Latency, Prior
+import pytest
+
+from scheduler.forecast import Demand, Forecaster, Latency, Prior
 from scheduler.lifecycle import Lifecycle
 
 END_P = 0.25  # an episode ends after each step with this probability
@@ -109,3 +111,22 @@ def test_expected_episode_time_is_learned_per_env_from_submit_to_done():
         lc.on_decode(tid, now=101.5)
         lc.on_done(tid, now=100.0 + seconds, response_tokens=7)
     assert fc.expected_s() == {"short": 3.0, "long": 50.0}  # an env never finished is absent
+
+
+def test_the_prefill_prefix_is_weighted_by_the_prefill_tokens():
+    """A long conversation receiving a long observation outweighs a short one receiving its first
+    prompt: what prefill attends to runs well above the mean live context."""
+    lc = Lifecycle()
+    lc.on_submit("long", "web", 20_000, 0.0)
+    lc.on_prefill("long", 20_000, 0.0)
+    lc.on_decode("long", 0.0)
+    lc.on_tool("long", 500, 1.0, tool="browse")
+    lc.on_prefill("long", 5_000, 2.0)  # after 20,500 tokens of conversation
+    lc.on_submit("short", "math", 300, 2.0)
+    lc.on_prefill("short", 300, 2.0)
+    d = Forecaster().forecast(lc.live(), 2.0, 0.001)  # a horizon too short for arrivals: the backlog only
+    assert d.prefill_arrivals == 0.0 and d.prefill_tokens == 5_300 and d.mean_context == 12_900
+    # each token attends to the conversation before it and half of its own turn
+    assert d.prefill_prefix == pytest.approx((5_000 * 23_000 + 300 * 150) / 5_300)
+    back = Demand.from_report(d.report(), d.horizon_s)
+    assert back.prefill_prefix == pytest.approx(d.prefill_prefix, rel=1e-3) and back.prefill_arrivals == 0.0

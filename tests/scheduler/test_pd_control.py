@@ -16,7 +16,7 @@ IDS = [f"e{i}" for i in range(8)]
 ALL = ["prefill", "decode", "mixed"]
 PREFILL_HEAVY = {"forecast:prefill_tokens": 2_000_000, "forecast:decode_tokens": 64_000, "forecast:decode_seqs": 64,
                  "forecast:context_tokens": 64_000, "forecast:live": 64, "forecast:turns": 64,
-                 "forecast:response_tokens": 64 * 300}
+                 "forecast:response_tokens": 64 * 300, "forecast:prefill_arrivals": 2_000_000}
 
 
 def additive() -> Capacity:
