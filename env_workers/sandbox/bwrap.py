@@ -255,7 +255,7 @@ class BwrapSandbox:
         if self._root:
             kw.update(user=self.uid, group=self.uid, extra_groups=[])
         # env: bwrap is the sandbox's pid 1, and its environment is readable from inside.
-        kw.update(env=dict(ENV), close_fds=True)
+        kw.update(env=dict(ENV), close_fds=True, preexec_fn=_default_signals)
         try:
             proc = self._cgroup.popen(argv, **kw) if self._cgroup else subprocess.Popen(argv, **kw)
         except OSError as e:
@@ -430,6 +430,17 @@ def _sweep(base: Path, groups: list[MemoryCgroup]) -> None:
                 _reap(base, uid, groups)
             finally:
                 os.close(fd)
+
+
+def _default_signals() -> None:
+    """In the child, before it execs bwrap: no signal blocked, the ones a terminal sends at their
+    defaults. Ignored and blocked signals survive exec, and bash cannot reset a signal ignored on
+    entry: a sandbox started while the spawning process had SIGINT ignored or blocked (for a
+    moment, by any library) kept a shell that ^C never reached, so every bash timeout restarted
+    it and lost its state (seen in full test runs; test_tools has the case)."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
+    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 from env_workers import tools
@@ -38,6 +40,22 @@ def test_bash_runs_on_a_terminal(box):
 def test_bash_takes_commands_longer_than_a_terminal_line(box):
     r = box.call("bash", command="echo " + "x" * 10_000 + " | wc -c")
     assert r.text.strip() == "10001"
+
+
+def test_bash_timeout_interrupts_a_shell_started_while_sigint_was_ignored(box, monkeypatch):
+    """Ignored and blocked signals survive exec: a shell started while this process had SIGINT
+    ignored and blocked (any library may do so for a moment) never saw ^C, and every timeout
+    restarted it (the full suite's flaky `test_bash_timeout_interrupts_and_keeps_the_session`)."""
+    monkeypatch.setattr(tools, "INTERRUPT_GRACE_S", 60.0)
+    old, mask = signal.signal(signal.SIGINT, signal.SIG_IGN), signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        box.call("bash", command="Y=kept")  # the shell starts here
+    finally:
+        signal.signal(signal.SIGINT, old)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    r = box.call("bash", command="echo before; sleep 600", timeout_s=2)
+    assert "interrupted with ^C" in r.text and "restarted" not in r.text
+    assert box.call("bash", command="echo $Y").text == "kept\n"
 
 
 def test_bash_timeout_interrupts_and_keeps_the_session(box, monkeypatch):
