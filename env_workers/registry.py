@@ -40,6 +40,10 @@ class EnvSpec:
     # thread, whose handoff (and the GIL it contends for) costs more than the call.
     inline: bool = False
 
+    def __post_init__(self) -> None:
+        if self.inline and self.resources:  # a sandbox's calls block: never on an event loop
+            raise ValueError(f"env {self.name!r}: an inline env acquires no resources")
+
 
 class EnvNameError(Exception):
     """A name that does not give an environment here (the base of the three below)."""

@@ -287,7 +287,7 @@ def create_app(max_sessions: int = 1024, idle_s: float = 600.0,
         stale = sessions.pop(owners.get(owner, ""), None)
         if stale is not None:  # an earlier attempt of this trajectory: its lease is gone, and so is its episode
             await run_in_threadpool(close_session, stale)
-        inline = spec.inline and not spec.resources
+        inline = spec.inline
         try:
             env = await _call(inline, registry.make, body.env, pools.claims(owner))
         except Exception as e:  # noqa: BLE001 - a third-party constructor: its failure is the env's

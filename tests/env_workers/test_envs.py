@@ -70,3 +70,11 @@ async def test_local_envs_call_an_inline_env_on_the_loop_and_any_other_in_a_thre
         await envs.close(h)
         assert got.reward == 1.0
     assert probe_envs == {"probe-inline": [True, True], "probe-threaded": [False, False]}
+
+
+def test_an_inline_env_may_not_acquire_resources():
+    """Its calls run on the event loop; a sandbox's would block it (the one rule, in the spec)."""
+    from env_workers.registry import EnvSpec
+
+    with pytest.raises(ValueError, match="inline"):
+        EnvSpec("x", lambda: None, "", resources=(object(),), inline=True)
