@@ -147,7 +147,11 @@ class Allocator:
         b = seqs / decoders if decoders else 0.0
         waves = max(1.0, b / fit)  # sequences beyond an engine's KV wait for a later wave
         decode_s = waves * steps * cap.step_s(min(b, fit), ctx) if d.decode_tokens > 0 else 0.0
-        tokens = self.prefill_tokens(d, prefillers, split=False)
+        # the engines whose caches a turn's prefill can start from: those that prefill, or, where KV
+        # moves between engines (`response_kv_pushed`), every engine: a prefill engine that evicted a
+        # conversation reads it back from the engine that decoded it (its KV stays there, cached)
+        holders = p + dec + m if self.config.response_kv_pushed else prefillers
+        tokens = self.prefill_tokens(d, holders, split=False)
         extra = 0.0 if self.config.response_kv_pushed or not tokens else d.turns * d.mean_response / tokens
         # a turn's prefill attends to the conversation before it: the prefill-weighted context
         # (the turns that prefill most are the long conversations), or the mean one if unknown

@@ -258,7 +258,11 @@ class Cluster:
         if self.kv_push:  # another engine holds more of the conversation: pull it when cheaper than recompute
             more = max((min(self.gpus[e].hit(tid), tr.context - 1) for e in tr.engines if e != eid), default=0)
             extra = more - hit
-            if extra > 0 and self.cost.transfer_time(extra) < extra / self.cost.prefill_tokens_per_s:
+            # a busy engine pulls (recompute would delay every prefill queued behind it; a pull costs
+            # the link, not the engine); an idle one recomputes when that is quicker, priced as it
+            # would run, attending to what precedes it
+            if extra > 0 and (gpu.queued_prefill() > 0
+                              or self.cost.transfer_time(extra) < self.cost.prefill_time(extra, hit)):
                 self.pushed += extra
                 gpu.incoming += 1
                 self.loop.after(self.cost.transfer_time(extra), self._pulled, (tid, eid, more))

@@ -74,6 +74,10 @@ class SimGPU:
                 ctx += len(self._seqs) * dt / self._tau
         return int(pf + ctx + self._wait_ctx)
 
+    def queued_prefill(self) -> float:
+        """Prefill tokens queued here, as of the last event."""
+        return self._pf_left
+
     def empty(self) -> bool:
         return not self._prefill and not self._seqs and not self._wait and self.incoming == 0
 

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from benchmarks.sim.clock import EventLoop
-from benchmarks.sim.cluster import Cluster, Policy
+from benchmarks.sim.cluster import Cluster, Policy, _Traj
 from benchmarks.sim.cost import DEFAULT, PRESETS, ClusterCost
 from benchmarks.sim.gpu import SimGPU
 from benchmarks.sim.workload import WORKLOADS, Workload
@@ -105,6 +105,34 @@ def test_pushing_the_response_kv_back_removes_the_recompute_on_split_turns():
     assert push.prefill_tokens == colo.prefill_tokens
     # the makespan is not asserted: this slice is decode-bound, and with the cited link figures (1.3 ms
     # a transfer) the push and the recompute end within 0.5% of each other (push first in 3 of seeds 0-3)
+
+
+def _evicted_turn(busy: bool):
+    """A MoE group (DP8): a conversation of 15k tokens that the prefill engine g000 evicted and the
+    decode engine g001 still holds; its next turn (500 new tokens) comes to g000."""
+    cost = PRESETS["qwen3-30b-a3b-dp8ep8"]()
+    c = Cluster(small("coding", per_gpu=1, rounds=1), 2, Policy.static(1), "async", cost=cost)
+    g0, g1 = c.gpus["g000"], c.gpus["g001"]
+    if busy:
+        g0.add_prefill("queued", 50_000)
+    ep = c.workload.episode(0, 0, 0.0)
+    tr = _Traj(ep, turn=1, context=15_500, engines={"g001": None})
+    c.trajs[ep.id] = tr
+    g1.touch(ep.id, 15_000)
+    before = g0.prefilled_tokens
+    c._prefill(ep.id)
+    return c, g0.prefilled_tokens - before
+
+
+def test_a_busy_prefill_engine_pulls_an_evicted_conversation_an_idle_one_may_recompute():
+    """On a DP8 group 15k tokens recompute in ~42 ms on an idle engine and cross the link in ~94 ms:
+    idle, recomputing is quicker; behind a queue, it would delay every prefill queued after it (a
+    pull costs the link, not the engine), so the conversation is pulled and only the 500 new tokens
+    are prefilled (was: recomputed in both cases, at the no-prefix rate)."""
+    c, added = _evicted_turn(busy=True)
+    assert c.pushed == 15_000 and added == 0  # pulled: prefilled when the KV arrives
+    c, added = _evicted_turn(busy=False)
+    assert c.pushed == 0 and added == 15_500
 
 
 def _one_switch(switch_s: float, flush: bool):

@@ -58,6 +58,21 @@ def test_split_pays_for_recompute_when_contexts_do_not_fit():
     assert pushed.prefill_tokens(fits, 2, split=True) == 2e5  # the response's KV came back: no recompute
 
 
+def test_where_kv_moves_between_engines_every_engine_caches_for_the_prefill_ones():
+    """1 prefill + 3 decode engines, live contexts 1.5x one engine's KV: without KV transfer the
+    prefill engine recomputes what it evicted; with it, it reads the conversation back from the
+    engine that decoded it, so the split is priced with no recompute (4 engines' KV hold it all)."""
+    cap = additive()
+    big = Demand(15, 2e5, 64_000, 64, 1.5 * cap.kv_tokens / 200, prefill_arrivals=2e5, turns=200, live=200,
+                 mean_response=300)
+    split = Layout(1, 3, 0)
+    alone = Allocator(IDS[:4], cap)
+    moved = Allocator(IDS[:4], cap, AllocatorConfig(response_kv_pushed=True))
+    assert alone.prefill_tokens(big, 1, split=True) > 2 * big.prefill_tokens  # full contexts recomputed
+    assert moved.estimate(split, big) < 0.6 * alone.estimate(split, big)
+    assert moved.prefill_tokens(big, 4, split=True) == big.prefill_tokens  # what the estimate charges it
+
+
 def dense() -> Capacity:
     """One 8B GPU as measured: a chunk costs its tokens, a mixed step saves one weight read."""
     return Capacity(step=[0.0048, 2.0e-5, 2.9e-8, 2.4e-5, -0.002, 0.0], kv_tokens=8.5e5)
