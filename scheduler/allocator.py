@@ -9,6 +9,8 @@ model fitted to the engines' own step timings):
     prefill : the demand's prompt deltas, plus, on prefill engines, the last response when its
               KV is not pushed back from the decode engine (`response_kv_pushed`), plus full
               recompute for live contexts that do not fit in the KV of the engines holding them
+              (those that prefill; every engine where KV moves between them: the prefill engine
+              reads back what the decode engine kept)
     mixed   : its decode steps, plus what its share of prefill adds to them — per prefill token
               and per step that carries a chunk (the measured stall of a mixed step: on a
               data-parallel attention group one rank's chunk holds every rank)
