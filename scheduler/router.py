@@ -62,7 +62,7 @@ class RoleAware:
 
     Roles come with every call (from the registry, through the fleet); an engine missing from
     them (draining, dead, unknown) gets nothing new. With every engine `mixed` this routes
-    exactly like `StickyLeastLoaded`. A sticky hit reads only its own engine's entry in
+    exactly like `StickyLeastLoaded` while no engine holds far more than the others (see `rebalance`). A sticky hit reads only its own engine's entry in
     `loads`, so a lazy mapping stays cheap.
 
         router = RoleAware()
@@ -99,7 +99,7 @@ class RoleAware:
         """Where the decode runs after a prefill on `prefilled_on`: there if it decodes (a mixed
         engine, or one that became a decode engine while the prefill was queued), else a decode
         engine."""
-        if prefilled_on in roles and roles[prefilled_on].decodes:
+        if prefilled_on in roles and roles[prefilled_on].decodes and not self._crowded(prefilled_on, loads, roles):
             return prefilled_on
         eid = self._decode.get(trajectory_id)
         if eid is not None and eid in loads and roles.get(eid) is Role.decode:
@@ -110,6 +110,15 @@ class RoleAware:
         if not able:
             raise NoEngine("no engine takes decode")
         return self._stick(self._decode, trajectory_id, able, loads)
+
+    def _crowded(self, eid: str, loads: Mapping[str, int], roles: Mapping[str, Role]) -> bool:
+        """A mixed engine holds far more than the least-loaded engine that decodes (the rule that makes
+        prefill stickiness yield): a decode goes elsewhere, its KV with it. A prefill engine that became
+        mixed with a burst of prompts queued would otherwise decode every one of them itself."""
+        if not self.rebalance or eid not in loads or loads[eid] <= self.slack:
+            return False
+        others = [loads[e] for e in loads if e != eid and e in roles and roles[e].decodes]
+        return bool(others) and loads[eid] > self.rebalance * min(others) + self.slack
 
     def _stick(self, sticky: dict[str, str], tid: str, able: list[str], loads: Mapping[str, int]) -> str:
         eid = min(able, key=lambda e: (loads[e], e))

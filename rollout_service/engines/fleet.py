@@ -223,9 +223,18 @@ class Fleet:
         """(prefill engine, decode engine) for the next try of a turn; the same id when colocated."""
         await self.refresh()
         try:
-            return self.policy.route(trajectory_id, self._available(tokenizer), self._roles)
+            pid, eid = self.policy.route(trajectory_id, self._available(tokenizer), self._roles)
         except NoEngine as e:
             raise EngineError(f"no engine available for tokenizer {tokenizer!r}") from (last or e)
+        if pid != eid and self._roles.get(pid) is Role.mixed and not self._hands_over(pid, eid):
+            return pid, pid  # a crowded mixed engine's decode moves only where KV can follow it
+        return pid, eid
+
+    def _hands_over(self, pid: str, eid: str) -> bool:
+        """Both engines' KV connectors are known to allow a split turn (prefill here, decode there)."""
+        p, d = self._infos.get(pid), self._infos.get(eid)
+        return (p is not None and d is not None and "prefill" in (p.can_serve or ())
+                and "decode" in (d.can_serve or ()))
 
     async def stream(self, trajectory_id: str, tokenizer: str,
                      req: GenerateRequest) -> AsyncIterator[TokenDelta | GenerateResult]:

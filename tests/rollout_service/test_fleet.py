@@ -15,6 +15,7 @@ from env_workers.client import LocalEnvs
 from rollout_service.engines.fleet import Fleet
 from rollout_service.rollout import run_episode
 from scheduler.registry import Registry
+from scheduler.roles import Role
 from scheduler.router import StickyLeastLoaded
 from scheduler.store import Work
 from tests.conftest import free_port
@@ -170,3 +171,26 @@ async def test_a_vllm_engine_reports_prefill_from_the_per_request_metrics():
     assert split_timing({"time_to_first_token_ms": None}, 0.5) == (0.0, 0.5)
     assert split_timing({"time_to_first_token_ms": "x"}, 0.5) == (0.0, 0.5)
     assert split_timing({"time_to_first_token_ms": 100.0}, 0.5) == pytest.approx((0.1, 0.4))
+
+
+class _Crowded:
+    """A routing policy that moves every decode off the mixed engine that prefilled it (as RoleAware
+    does when that engine is crowded)."""
+
+    def route(self, trajectory_id, loads, roles):
+        return "a", "b"
+
+    def forget(self, trajectory_id):
+        pass
+
+
+async def test_a_decode_moves_off_a_mixed_engine_only_where_kv_can_follow():
+    fleet = Fleet({"a": (None, "t"), "b": (None, "t")}, policy=_Crowded())
+    assert await fleet._route("x", "t", None) == ("a", "a")  # connectors unknown: stay colocated
+    fleet._infos = {e: EngineInfo(id=e, url="http://127.0.0.1:9", can_serve=["prefill", "decode", "mixed"])
+                    for e in ("a", "b")}
+    assert await fleet._route("x", "t", None) == ("a", "b")  # both hand KV over: split the turn
+    fleet._infos["b"] = EngineInfo(id="b", url="http://127.0.0.1:9", can_serve=["mixed"])
+    assert await fleet._route("x", "t", None) == ("a", "a")
+    fleet._roles["a"] = Role.prefill  # a prefill engine's split is the role's, not the rebalancing's
+    assert await fleet._route("x", "t", None) == ("a", "b")

@@ -67,3 +67,14 @@ def test_stickiness_yields_to_a_much_less_loaded_engine():
     assert r.pick_prefill("t", {"a": 1500, "b": 600}, roles) == "a"  # within 2x + slack: keep the cached prefix
     assert r.pick_prefill("t", {"a": 50_000, "b": 600}, roles) == "b"  # far busier: move, once
     assert r.pick_prefill("t", {"a": 0, "b": 900}, roles) == "b"
+
+
+def test_a_crowded_mixed_engine_sends_a_decode_elsewhere():
+    """A prefill engine became mixed with a burst of prompts queued: decoding them all where they were
+    prefilled would leave the other engines idle (MoE doc async: guided 0.87x colocated; 32B TP2 coding
+    at 32 GPUs: 0.82x). Past the rule that makes prefill stickiness yield, the decode moves, KV with it."""
+    r, roles = RoleAware(slack_tokens=1000), {"m0": M, "m1": M, "d0": D}
+    assert r.pick_decode("t", {"m0": 1500, "m1": 600, "d0": 700}, "m0", roles) == "m0"  # within 2x + slack
+    assert r.pick_decode("t", {"m0": 50_000, "m1": 600, "d0": 700}, "m0", roles) == "d0"  # a decode engine first
+    assert r.pick_decode("u", {"m0": 50_000, "m1": 600}, "m0", {"m0": M, "m1": M}) == "m1"  # else a mixed one
+    assert RoleAware(rebalance=0).pick_decode("t", {"m0": 50_000, "d0": 0}, "m0", roles) == "m0"  # rebalancing off
