@@ -62,8 +62,9 @@ class RoleAware:
 
     Roles come with every call (from the registry, through the fleet); an engine missing from
     them (draining, dead, unknown) gets nothing new. With every engine `mixed` this routes
-    exactly like `StickyLeastLoaded` while no engine holds far more than the others (see `rebalance`). A sticky hit reads only its own engine's entry in
-    `loads`, so a lazy mapping stays cheap.
+    exactly like `StickyLeastLoaded` while no engine holds far more than the others (see
+    `rebalance`). A sticky hit reads only its own engine's entry in `loads`, so a lazy mapping
+    stays cheap.
 
         router = RoleAware()
         p, d = router.route(tid, loads, {"e0": Role.prefill, "e1": Role.decode})
@@ -97,8 +98,8 @@ class RoleAware:
     def pick_decode(self, trajectory_id: str, loads: Mapping[str, int], prefilled_on: str,
                     roles: Mapping[str, Role]) -> str:
         """Where the decode runs after a prefill on `prefilled_on`: there if it decodes (a mixed
-        engine, or one that became a decode engine while the prefill was queued), else a decode
-        engine."""
+        engine, or one that became a decode engine while the prefill was queued) and is not
+        crowded (`_crowded`), else a decode engine."""
         if prefilled_on in roles and roles[prefilled_on].decodes and not self._crowded(prefilled_on, loads, roles):
             return prefilled_on
         eid = self._decode.get(trajectory_id)
