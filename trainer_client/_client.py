@@ -56,6 +56,11 @@ JSON = "application/json"
 _RETRY_STATUS = frozenset({502, 503, 504})  # a gateway or its Redis restarting
 
 
+# errors a request is repeated after (when safe to repeat): the connection's, and httpx's zstd decoder
+# failing on a multi-frame body whose frame ended exactly at a read boundary ("cannot use a
+# decompressobj multiple times"; the compact form is sent as several zstd frames)
+_RETRIED = (httpx.TransportError, httpx.DecodingError)
+
 class _Base:
     def __init__(self, base_url: str, api_key: str | None, retries: int = 8, compact: bool = True):
         self.base_url = base_url.rstrip("/")
@@ -179,7 +184,7 @@ class RolloutClient(_Base):
         while True:
             try:
                 r = self._http.request(method, path, **kw)
-            except httpx.TransportError as e:
+            except _RETRIED as e:
                 if (wait := self.delay(tries, method, kw, error=e)) is None:
                     raise TransportError(f"cannot reach {self.base_url}: {e!r}") from e
             else:
@@ -340,7 +345,7 @@ class AsyncRolloutClient(_Base):
         while True:
             try:
                 r = await self._http.request(method, path, **kw)
-            except httpx.TransportError as e:
+            except _RETRIED as e:
                 if (wait := self.delay(tries, method, kw, error=e)) is None:
                     raise TransportError(f"cannot reach {self.base_url}: {e!r}") from e
             else:
