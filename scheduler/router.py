@@ -91,7 +91,7 @@ class RoleAware:
         able = [e for e in loads if e in roles and roles[e].prefills]
         if not able:
             raise NoEngine("no engine takes prefill")
-        if sticky and loads[eid] <= self.rebalance * min(loads[e] for e in able) + self.slack:
+        if sticky and not self._far_busier(loads[eid], [loads[e] for e in able]):
             return eid
         return self._stick(self._prefill, trajectory_id, able, loads)
 
@@ -119,7 +119,11 @@ class RoleAware:
         if not self.rebalance or eid not in loads or loads[eid] <= self.slack:
             return False
         others = [loads[e] for e in loads if e != eid and e in roles and roles[e].decodes]
-        return bool(others) and loads[eid] > self.rebalance * min(others) + self.slack
+        return bool(others) and self._far_busier(loads[eid], others)
+
+    def _far_busier(self, load: int, others: list[int]) -> bool:
+        """More than `rebalance` times the least-loaded of `others` plus `slack_tokens`."""
+        return load > self.rebalance * min(others) + self.slack
 
     def _stick(self, sticky: dict[str, str], tid: str, able: list[str], loads: Mapping[str, int]) -> str:
         eid = min(able, key=lambda e: (loads[e], e))
