@@ -56,10 +56,39 @@ JSON = "application/json"
 _RETRY_STATUS = frozenset({502, 503, 504})  # a gateway or its Redis restarting
 
 
-# errors a request is repeated after (when safe to repeat): the connection's, and httpx's zstd decoder
-# failing on a multi-frame body whose frame ended exactly at a read boundary ("cannot use a
-# decompressobj multiple times"; the compact form is sent as several zstd frames)
+# errors a request is repeated after (when safe to repeat): the connection's, and a body that
+# cannot be decoded (cut short)
 _RETRIED = (httpx.TransportError, httpx.DecodingError)
+
+
+def unzstd(body: bytes) -> bytes:
+    """A zstd body opened frame by frame. The gateway sends the compact form as several frames
+    back to back (stored frames go out as they are); httpx's own decoder fails where a frame
+    ends exactly at a read boundary ("cannot use a decompressobj multiple times"), so the
+    clients read such a body raw and open it here."""
+    import zstandard  # there whenever httpx asked for zstd: it does so only with zstandard installed
+
+    out = []
+    while body:
+        d = zstandard.ZstdDecompressor().decompressobj()
+        try:
+            out.append(d.decompress(body))
+        except zstandard.ZstdError as e:
+            raise httpx.DecodingError(f"zstd body: {e}") from e
+        if not d.eof:
+            raise httpx.DecodingError("zstd body cut short")
+        body = d.unused_data
+    return b"".join(out)
+
+
+def _opened(r: httpx.Response, raw: bytes) -> httpx.Response:
+    """`r` with its zstd body opened (`unzstd`); `r` itself is read raw and closed by the caller."""
+    headers = [(k, v) for k, v in r.headers.multi_items() if k.lower() not in ("content-encoding", "content-length")]
+    return httpx.Response(r.status_code, headers=headers, content=unzstd(raw), request=r.request)
+
+
+def _zstd(r: httpx.Response) -> bool:
+    return r.headers.get("content-encoding", "").strip().lower() == "zstd"
 
 class _Base:
     def __init__(self, base_url: str, api_key: str | None, retries: int = 8, compact: bool = True):
@@ -179,11 +208,21 @@ class RolloutClient(_Base):
     def close(self) -> None:
         self._http.close()
 
+    def _send(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        r = self._http.send(self._http.build_request(method, path, **kw), stream=True)
+        try:
+            if _zstd(r):
+                return _opened(r, b"".join(r.iter_raw()))
+            r.read()
+            return r
+        finally:
+            r.close()
+
     def _req(self, method: str, path: str, text: bool = False, **kw: Any) -> Any:
         tries = 0
         while True:
             try:
-                r = self._http.request(method, path, **kw)
+                r = self._send(method, path, **kw)
             except _RETRIED as e:
                 if (wait := self.delay(tries, method, kw, error=e)) is None:
                     raise TransportError(f"cannot reach {self.base_url}: {e!r}") from e
@@ -340,11 +379,21 @@ class AsyncRolloutClient(_Base):
     async def aclose(self) -> None:
         await self._http.aclose()
 
+    async def _send(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        r = await self._http.send(self._http.build_request(method, path, **kw), stream=True)
+        try:
+            if _zstd(r):
+                return _opened(r, b"".join([c async for c in r.aiter_raw()]))
+            await r.aread()
+            return r
+        finally:
+            await r.aclose()
+
     async def _req(self, method: str, path: str, text: bool = False, **kw: Any) -> Any:
         tries = 0
         while True:
             try:
-                r = await self._http.request(method, path, **kw)
+                r = await self._send(method, path, **kw)
             except _RETRIED as e:
                 if (wait := self.delay(tries, method, kw, error=e)) is None:
                     raise TransportError(f"cannot reach {self.base_url}: {e!r}") from e

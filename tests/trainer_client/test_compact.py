@@ -8,13 +8,17 @@ import dataclasses
 import httpx
 import numpy as np
 import pytest
+import zstandard
 
 from rollout_service.app import create_app
+from rollout_service.routes.formats import packed_response
+from scheduler.results import compress
 from tests.conftest import LiveServer, RunningWorker
 from trainer_client import AsyncRolloutClient, RolloutClient
 from trainer_client.grpo import advantages, pack
 from trainer_client.tensors import as_numpy, as_torch
-from wire.packed import MEDIA_TYPE
+from wire import Trajectory, TrajectoryState, Turn
+from wire.packed import MEDIA_TYPE, pack_trajectory
 
 TASKS = [{"question": "What is 6 times 7?", "answer": 42}, {"seed": 4}]
 
@@ -84,3 +88,58 @@ def test_a_json_answer_still_reads_as_packed(gateway, settings):
         c.wait(bid, poll_s=0.05, timeout=60)
         for p, t in zip(c.packed_trajectories(bid), c.trajectories(bid)):
             assert as_numpy(p.samples()[0])[0].tolist() == t.token_ids
+
+
+def framed_page(n: int) -> tuple[list[bytes], list[str]]:
+    """A page of `n` trajectories as the gateway sends it with zstd (several frames back to back),
+    cut into chunks that end exactly where each frame ends, and the trajectories' ids."""
+    ids = [f"b-{i}-0" for i in range(n)]
+    turn = Turn(index=0, prompt_ids=[1, 2], output_ids=[3], output_logprobs=[-0.5], finish_reason="stop",
+                policy_version=0, engine_id="e")
+    stored = [compress(pack_trajectory(Trajectory(id=t, batch_id="b", group_index=i, sample_index=0, env="calc",
+                                                  task={}, state=TrajectoryState.completed, turns=[turn])))
+              for i, t in enumerate(ids)]
+    body = packed_response(stored, zstd=True, page=(None,)).body
+    chunks, rest = [], body
+    while rest:  # frame by frame: each chunk is exactly one frame
+        d = zstandard.ZstdDecompressor().decompressobj()
+        d.decompress(rest)
+        chunks.append(rest[:len(rest) - len(d.unused_data)])
+        rest = d.unused_data
+    return chunks, ids
+
+
+def framed(chunks: list[bytes], seen: list[str], asynchronous: bool = False):
+    headers = {"content-type": MEDIA_TYPE, "content-encoding": "zstd"}
+
+    async def agen():
+        for c in chunks:
+            yield c
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.path)
+        return httpx.Response(200, headers=headers, content=agen() if asynchronous else iter(chunks))
+    return handle
+
+
+def test_a_zstd_frame_ending_at_a_read_boundary_reads_whole():
+    """httpx's own decoder fails on this body ("cannot use a decompressobj multiple times"); the
+    client opens the frames itself, so the page reads at the first try."""
+    chunks, ids = framed_page(3)
+    assert len(chunks) >= 4  # the page's head, three trajectories (and its tail)
+    with pytest.raises(httpx.DecodingError):
+        with httpx.Client(transport=httpx.MockTransport(framed(chunks, []))) as raw:
+            raw.get("http://gw/v1/batches/b/trajectories")
+    seen: list[str] = []
+    with RolloutClient("http://gw", transport=httpx.MockTransport(framed(chunks, seen)), retries=0) as c:
+        assert [p.id for p in c.packed_trajectories("b")] == ids
+    assert seen == ["/v1/batches/b/trajectories"]
+
+
+async def test_the_async_client_reads_the_frames_the_same_way():
+    chunks, ids = framed_page(3)
+    seen: list[str] = []
+    transport = httpx.MockTransport(framed(chunks, seen, asynchronous=True))
+    async with AsyncRolloutClient("http://gw", transport=transport, retries=0) as c:
+        assert [p.id async for p in c.packed_trajectories("b")] == ids
+    assert len(seen) == 1
