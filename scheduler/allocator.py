@@ -28,7 +28,9 @@ model fitted to the engines' own step timings):
 - the gain (the share of throughput the new layout wins, held for `payback_s` or, when the
   current layout has been losing by `min_gain` for longer, for as long as it has — a burst is
   short, a phase is not — in engine-seconds) must beat the real cost of the move — each moved
-  engine's drain time, the flip (`switch_s`: graph capture), and rebuilding the prefix caches an
+  engine's drain time (or, where more, what the cluster loses while they drain: the engines
+  left serve the whole demand in the layout the move leaves them, e.g. one mixed engine
+  prefilling for all), the flip (`switch_s`: graph capture), and rebuilding the prefix caches an
   engine that stops prefilling strands — by `margin`, and be at least `min_gain` of the current
   estimate, in `confirm` decisions in a row;
 - any number of engines may move in one decision (`max_moves`, a share of the cluster: 1.0 by
@@ -282,6 +284,7 @@ class Allocator:
             # a draining engine keeps decoding what it holds: its batch empties as the sequences
             # end, so on average about half its slots stand idle while it drains
             cost = sum((cfg.drain_idle * c if dr else 0.0) + cfg.switch_s for (c, _, _), dr in zip(gives, drains))
+            cost = max(cost, self._transition(cur_s, d, gives, wants, drains, now_moves) + cfg.switch_s * len(gives))
             if cached:
                 rate = self.capacity.prefill_rate(d.mean_context)
                 cost += sum(cached.get(e, 0.0) / rate for (_, e, old), new in zip(gives, wants)
@@ -310,6 +313,24 @@ class Allocator:
                 self.engines[m.engine].ready(now)  # nothing to drain: routing changes at once
             self.history.append((now, m))
         return best[1]
+
+    def _transition(self, cur_s: float, d: Demand, gives: list, wants: list[Role], drains: list[bool],
+                    go: list[bool]) -> float:
+        """Engine-seconds a move loses while its engines drain: they take nothing new, so for the
+        longest drain the rest serve the whole demand alone, in the layout they are left in (a move
+        that leaves one mixed engine to prefill for the cluster costs the cluster, not only the
+        drained engines' idle slots), less the work the draining engines still finish."""
+        draining = [(c, e) for (c, e, _), dr, g in zip(gives, drains, go) if dr and g]
+        if not draining or cur_s == INF:
+            return 0.0
+        moving = {e for (_, e, _), g in zip(gives, go) if g}
+        left = [s.role for e, s in self.engines.items() if s.state is EngineState.ready and e not in moving]
+        left += [new for new, dr, g in zip(wants, drains, go) if g and not dr]
+        inter = Layout(left.count(Role.prefill), left.count(Role.decode), left.count(Role.mixed))
+        t = max(c for c, _ in draining)
+        n = sum(1 for s in self.engines.values() if s.state is not EngineState.dead)
+        lost = t * n * max(1.0 - cur_s / self.estimate(inter, d), 0.0)
+        return lost - sum((1.0 - self.config.drain_idle) * c for c, _ in draining)
 
     def _serves(self, gives: list, wants: list[Role], drains: list[bool], go: list[bool]) -> bool:
         moving = {e for (_, e, _), g in zip(gives, go) if g}

@@ -171,6 +171,19 @@ def test_routing_only_roles_switch_at_once_except_to_prefill():
     assert rest and not a.draining() and a.layout().mixed == 0
 
 
+def test_a_move_is_charged_what_the_rest_lose_serving_alone_while_its_engines_drain():
+    """Routing only, every engine mixed, a split wins: the engines bound for decode switch at once,
+    the one bound for prefill drains, and until it has, one mixed engine prefills for the cluster.
+    A short drain is worth it; a 30 s one is not (the rest serve the demand ~2.5x slower meanwhile),
+    though the drained engine's own idle slots (`drain_idle` of 30 s) would have looked cheap."""
+    def moves(drain: float) -> list:
+        a = Allocator(IDS, additive(), AllocatorConfig(confirm=1, routing_only=True, response_kv_pushed=True))
+        return a.allocate(PREFILL_HEAVY, {e: drain for e in IDS}, now=60.0)
+    a = Allocator(IDS, additive())
+    assert a.estimate(Layout(0, 6, 1), PREFILL_HEAVY) > 2 * a.estimate(Layout(0, 0, 8), PREFILL_HEAVY)
+    assert moves(3.0) != [] and moves(30.0) == []
+
+
 def test_allocate_holds_when_draining_costs_more_than_it_gains():
     a = Allocator(IDS, additive(), AllocatorConfig(confirm=1))
     assert a.allocate(PREFILL_HEAVY, {e: 1e4 for e in IDS}, now=60.0) == []
