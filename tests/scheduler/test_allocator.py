@@ -297,6 +297,19 @@ def test_the_prefill_prefix_prices_what_a_turn_attends_to():
     assert gain[0.0] < 0.10 < 0.20 < gain[40_000]
 
 
+def test_decode_is_priced_at_the_context_arriving_prefills_grow_it_to():
+    """1.6M tokens of observations arrive within the horizon for 1,000 live conversations of 2k
+    tokens: they decode at 2.8k on average over it (half of the 1.6k each gains), not at 2k. On a
+    layout whose one decode engine bounds it, that is the whole estimate; the same prefill
+    already waiting (no arrivals: a burst) leaves the contexts as they are."""
+    a = Allocator([f"e{i}" for i in range(16)], additive())
+    decode_bound = Layout(15, 1, 0)
+    arriving = Demand(15, 1.6e6, 2e6, 1000, 2000, prefill_arrivals=1.6e6, turns=1000, live=1000, mean_response=300)
+    waiting = dataclasses.replace(arriving, prefill_arrivals=0.0)
+    assert a.estimate(decode_bound, arriving) == pytest.approx(2000 * a.capacity.step_s(1000, 2800))
+    assert a.estimate(decode_bound, waiting) < 2000 * a.capacity.step_s(1000, 2100)
+
+
 def test_a_burst_waiting_now_is_not_pipelined_by_a_split():
     """The same tokens as a stream (arriving over the horizon) and as a burst (all waiting now: a
     synchronous batch's first prompts). A split pipelines the stream; the burst's last turn decodes
@@ -310,7 +323,9 @@ def test_a_burst_waiting_now_is_not_pipelined_by_a_split():
     one_response = (2.4e5 / 256) * cap.step_s(128, 20_000)
     assert a.estimate(split, burst) >= 5.3e6 / (2 * cap.prefill_rate(10_000)) + one_response
     assert a.estimate(split, burst) > a.estimate(split, stream)
-    assert a.estimate(Layout(0, 0, 4), burst) == a.estimate(Layout(0, 0, 4), stream)  # colocation never pipelined
+    # colocation is never pipelined: a burst costs it no more than the stream (whose arrivals also
+    # grow the contexts it decodes at; a burst's tokens are in the contexts already)
+    assert a.estimate(Layout(0, 0, 4), burst) <= a.estimate(Layout(0, 0, 4), stream)
     assert a.plan(burst)[0] == Layout(0, 0, 4)
 
 
