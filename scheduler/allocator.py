@@ -49,6 +49,7 @@ Non-goals: routing (`scheduler.router`), forecasting (`scheduler.forecast`), mea
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -323,9 +324,11 @@ class Allocator:
     def _transition(self, cur_s: float, d: Demand, gives: list, wants: list[Role], drains: list[bool],
                     go: list[bool]) -> float:
         """Engine-seconds a move loses while its engines drain: they take nothing new, so for the
-        longest drain the rest serve the whole demand alone, in the layout they are left in (a move
-        that leaves one mixed engine to prefill for the cluster costs the cluster, not only the
-        drained engines' idle slots), less the work the draining engines still finish."""
+        mean drain the rest serve the demand alone (all of it but the decodes the draining engines
+        hold), in the layout they are left in (a move that leaves one mixed engine to prefill for
+        the cluster costs the cluster, not only the drained engines' idle slots), less the work the
+        draining engines still finish. Charged for the longest drain with every decode on the
+        engines left, the MoE at 128 GPUs never left colocation in `shift` (0.69x of the best split)."""
         draining = [(c, e) for (c, e, _), dr, g in zip(gives, drains, go) if dr and g]
         if not draining or cur_s == INF:
             return 0.0
@@ -333,8 +336,12 @@ class Allocator:
         left = [s.role for e, s in self.engines.items() if s.state is EngineState.ready and e not in moving]
         left += [new for new, dr, g in zip(wants, drains, go) if g and not dr]
         inter = Layout(left.count(Role.prefill), left.count(Role.decode), left.count(Role.mixed))
-        t = max(c for c, _ in draining)
         n = sum(1 for s in self.engines.values() if s.state is not EngineState.dead)
+        # the draining engines decode what they hold themselves (about their share of the sequences):
+        # the engines left carry the rest; and they come back one by one, after the mean drain
+        keep = 1.0 - len(draining) / n
+        d = dataclasses.replace(d, decode_tokens=d.decode_tokens * keep, decode_seqs=d.decode_seqs * keep)
+        t = sum(c for c, _ in draining) / len(draining)
         lost = t * n * max(1.0 - cur_s / self.estimate(inter, d), 0.0)
         return lost - sum((1.0 - self.config.drain_idle) * c for c, _ in draining)
 
