@@ -33,8 +33,8 @@ model fitted to the engines' own step timings):
   current layout has been losing by `min_gain` for longer, for as long as it has — a burst is
   short, a phase is not — in engine-seconds) must beat the real cost of the move — each moved
   engine's drain time (or, where more, what the cluster loses while they drain: the engines
-  left serve the whole demand in the layout the move leaves them, e.g. one mixed engine
-  prefilling for all), the flip (`switch_s`: graph capture), and rebuilding the prefix caches an
+  left serve the demand, but for the draining engines' own decodes, in the layout the move
+  leaves them, e.g. one mixed engine prefilling for all), the flip (`switch_s`: graph capture), and rebuilding the prefix caches an
   engine that stops prefilling strands — by `margin`, and be at least `min_gain` of the current
   estimate, in `confirm` decisions in a row;
 - any number of engines may move in one decision (`max_moves`, a share of the cluster: 1.0 by
@@ -49,9 +49,8 @@ Non-goals: routing (`scheduler.router`), forecasting (`scheduler.forecast`), mea
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from scheduler.capacity import Capacity
 from scheduler.forecast import Demand
@@ -340,7 +339,7 @@ class Allocator:
         # the draining engines decode what they hold themselves (about their share of the sequences):
         # the engines left carry the rest; and they come back one by one, after the mean drain
         keep = 1.0 - len(draining) / n
-        d = dataclasses.replace(d, decode_tokens=d.decode_tokens * keep, decode_seqs=d.decode_seqs * keep)
+        d = replace(d, decode_tokens=d.decode_tokens * keep, decode_seqs=d.decode_seqs * keep)
         t = sum(c for c, _ in draining) / len(draining)
         lost = t * n * max(1.0 - cur_s / self.estimate(inter, d), 0.0)
         return lost - sum((1.0 - self.config.drain_idle) * c for c, _ in draining)
