@@ -331,9 +331,7 @@ class Allocator:
         draining = [(c, e) for (c, e, _), dr, g in zip(gives, drains, go) if dr and g]
         if not draining or cur_s == INF:
             return 0.0
-        moving = {e for (_, e, _), g in zip(gives, go) if g}
-        left = [s.role for e, s in self.engines.items() if s.state is EngineState.ready and e not in moving]
-        left += [new for new, dr, g in zip(wants, drains, go) if g and not dr]
+        left = self._left(gives, wants, drains, go)
         inter = Layout(left.count(Role.prefill), left.count(Role.decode), left.count(Role.mixed))
         n = sum(1 for s in self.engines.values() if s.state is not EngineState.dead)
         # the draining engines decode what they hold themselves (about their share of the sequences):
@@ -345,15 +343,16 @@ class Allocator:
         return lost - sum((1.0 - self.config.drain_idle) * c for c, _ in draining)
 
     def _serves(self, gives: list, wants: list[Role], drains: list[bool], go: list[bool]) -> bool:
-        moving = {e for (_, e, _), g in zip(gives, go) if g}
-        return self._keeps_serving(moving, [new for new, dr, g in zip(wants, drains, go) if g and not dr])
-
-    def _keeps_serving(self, moving: set[str], switched: list[Role] = ()) -> bool:
-        """While the moved engines drain, some ready engine must still prefill and one decode
-        (`switched`: the new roles of moved engines that take them at once)."""
-        left = [s.role for e, s in self.engines.items() if s.state is EngineState.ready and e not in moving]
-        left += list(switched)
+        """While the moved engines drain, some engine left must still prefill and one decode."""
+        left = self._left(gives, wants, drains, go)
         return any(r.prefills for r in left) and any(r.decodes for r in left)
+
+    def _left(self, gives: list, wants: list[Role], drains: list[bool], go: list[bool]) -> list[Role]:
+        """The roles serving while a move's engines drain: ready engines it does not move, and the
+        moved engines that take their new role at once (no drain)."""
+        moving = {e for (_, e, _), g in zip(gives, go) if g}
+        left = [s.role for e, s in self.engines.items() if s.state is EngineState.ready and e not in moving]
+        return left + [new for new, dr, g in zip(wants, drains, go) if g and not dr]
 
     def drained(self, engine_id: str, now: float) -> Role:
         """The engine holds nothing any more: it starts serving its new role."""

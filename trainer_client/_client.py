@@ -90,6 +90,7 @@ def _opened(r: httpx.Response, raw: bytes) -> httpx.Response:
 def _zstd(r: httpx.Response) -> bool:
     return r.headers.get("content-encoding", "").strip().lower() == "zstd"
 
+
 class _Base:
     def __init__(self, base_url: str, api_key: str | None, retries: int = 8, compact: bool = True):
         self.base_url = base_url.rstrip("/")
