@@ -6,10 +6,14 @@ to serve the forecast demand, with the **measured** `Capacity` (`scheduler.capac
 model fitted to the engines' own step timings):
 
     decode  : sequences spread over the d + m engines that decode; steps · step(batch, context),
-              at the context the horizon's arriving prefills grow the conversations to (the mean
-              now plus half of what arrives per live trajectory: priced at the mean now, a round
-              of long tool observations made a split with few decode engines look 6-16% faster
-              than the simulator ran it, 12P4D over 10P6D for the MoE at 128 GPUs in `web`)
+              at the context arriving observations grow the conversations to over the least time
+              a move binds the engines (`dwell_s`): the mean now plus half of what arrives per
+              live trajectory, net of the conversations that end (in an async steady state, new
+              short ones replace them). Priced at the mean now, a round of long tool observations
+              made a split with few decode engines look 6-16% faster than the simulator ran it
+              (12P4D over 10P6D for the MoE at 128 GPUs in `web`); priced over one 15-s horizon,
+              3P1D 28% faster at the start of `shift`'s web-heavy round, which ran it 25% slower
+              as the contexts grew 2.4x in the next 75 s
     prefill : the demand's prompt deltas, plus, on prefill engines, the last response when its
               KV is not pushed back from the decode engine (`response_kv_pushed`), plus full
               recompute for live contexts that do not fit in the KV of the engines holding them
@@ -150,9 +154,11 @@ class Allocator:
             return INF
         seqs = max(d.decode_seqs, 1.0)
         steps = d.decode_tokens / seqs
-        # decode runs at the context the horizon's arriving prefills grow it to (half of them on
-        # average): long tool observations grow every conversation within the horizon
-        ctx = max(d.mean_context, 1.0) + (d.prefill_arrivals / d.live / 2 if d.live else 0.0)
+        # decode runs at the contexts arriving observations grow (net of the conversations that end)
+        # over the least time a move binds the engines (`dwell_s`), on average half of that growth
+        span = max(self.config.dwell_s / d.horizon_s, 1.0) if d.horizon_s > 0 else 1.0
+        growth = span * max(d.prefill_arrivals - d.ending_context, 0.0) / d.live if d.live else 0.0
+        ctx = max(d.mean_context, 1.0) + growth / 2
         fit = max(cap.kv_tokens / ctx, 1.0)
         b = seqs / decoders if decoders else 0.0
         waves = max(1.0, b / fit)  # sequences beyond an engine's KV wait for a later wave

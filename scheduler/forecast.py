@@ -6,12 +6,14 @@ duration (`expected_s`, which the queue's longest-first ranking reads), and per
 (environment, tool) the tool-latency distribution and the observation length. From the live
 trajectories it then forecasts what the engines will be asked for in the next `horizon_s`:
 
-- backlog (known): prompt deltas already waiting (queued / prefilling) and the rest of the
-  responses being decoded;
+- backlog (known): prompt deltas already waiting (queued / prefilling) and what of the
+  responses being decoded or waiting decodes within the horizon (at the measured speed of one
+  sequence: a 4,000-token reasoning output is not all this horizon's work);
 - arrivals (forecast): each trajectory in a tool call returns within the horizon with
   probability P(L ≤ e+H | L > e) (empirical, e = time already spent in the tool), continues
   with probability 1 − P(end | turn), and then brings an observation to prefill and a
-  response to decode.
+  response to decode (as much of it as decodes before the horizon ends); with probability
+  P(end | turn) it ends, and its conversation leaves the engines (`ending_context`).
 
 It records its own error: every forecast's arrivals are compared with what actually arrived
 in that window (WAPE, Σ|forecast − actual| / Σ actual), for prefill tokens and for decode
@@ -116,11 +118,11 @@ class Demand:
 
     horizon_s: float
     prefill_tokens: float  # backlog + arrivals
-    decode_tokens: float  # backlog + arrivals
+    decode_tokens: float  # backlog + arrivals, as much of each response as decodes within the horizon
     decode_seqs: float  # expected sequences wanting decode at once
     mean_context: float  # tokens per live sequence
     prefill_arrivals: float = 0.0  # the forecast part, scored later
-    decode_arrivals: float = 0.0
+    decode_arrivals: float = 0.0  # the arriving turns' whole responses (scored against what they decode)
     turns: float = 0.0  # turns expected to reach the engines (waiting + arriving)
     live: int = 0
     mean_response: float = 0.0  # tokens per response (a prefill engine never saw the last one)
@@ -129,6 +131,10 @@ class Demand:
     # comes after its conversation, and the turns that prefill most (long observations) tend to
     # be the long conversations, so this runs well above `mean_context` (0: unknown, use that)
     prefill_prefix: float = 0.0
+    # the conversation tokens of the episodes forecast to end within the horizon: their contexts
+    # leave the engines, so the live contexts grow by the arrivals net of these (in an async steady
+    # state, where ending episodes are replaced by new short ones, they hardly grow at all)
+    ending_context: float = 0.0
 
     def report(self) -> dict[str, int]:
         """This worker's share, as the additive fields of a registry report (`forecast:*`): means
@@ -141,7 +147,8 @@ class Demand:
                 "forecast:observed": self.observed,
                 "forecast:prefix_tokens": round(self.prefill_prefix * self.prefill_tokens),
                 # what is forecast to arrive, apart from the backlog waiting now (a burst: see the allocator)
-                "forecast:prefill_arrivals": round(self.prefill_arrivals)}
+                "forecast:prefill_arrivals": round(self.prefill_arrivals),
+                "forecast:ending_tokens": round(self.ending_context)}
 
     @classmethod
     def from_report(cls, report: dict[str, int], horizon_s: float) -> Demand:
@@ -152,11 +159,11 @@ class Demand:
                    decode_seqs=f["decode_seqs"], mean_context=f["context_tokens"] / live, turns=f["turns"],
                    live=int(f["live"]), mean_response=f["response_tokens"] / live, observed=int(f["observed"]),
                    prefill_prefix=f["prefix_tokens"] / f["prefill_tokens"] if f["prefill_tokens"] else 0.0,
-                   prefill_arrivals=f["prefill_arrivals"])
+                   prefill_arrivals=f["prefill_arrivals"], ending_context=f["ending_tokens"])
 
 
 _REPORTED = ("prefill_tokens", "decode_tokens", "decode_seqs", "context_tokens", "turns", "live", "response_tokens",
-             "observed", "prefix_tokens", "prefill_arrivals")
+             "observed", "prefix_tokens", "prefill_arrivals", "ending_tokens")
 
 
 @dataclass(slots=True)
@@ -289,7 +296,8 @@ class Forecaster:
     def forecast(self, live: Iterable[Track], now: float, horizon_s: float | None = None) -> Demand:
         h = self.horizon_s if horizon_s is None else horizon_s
         speed = self._speed.get(self.prior.decode_tok_s)
-        p_back = d_back = p_arr = d_arr = seqs = ctx = turns = resp = attend = 0.0
+        p_back = d_back = p_arr = d_arr = d_in = seqs = ctx = turns = resp = attend = ending = 0.0
+        within = h * speed  # what one sequence decodes in the horizon
         n = 0
         for t in live:
             n += 1
@@ -304,11 +312,11 @@ class Forecaster:
                 m = self.response_tokens(t.env, t.turn)
                 left = m if t.phase is not Phase.decoding else max(m - (now - t.since) * speed, 0.25 * m)
                 if t.phase is Phase.decoding:
-                    d_back += left
+                    d_back += min(left, within)
                 else:
                     p_back += t.pending_prefill
                     attend += t.pending_prefill * (t.context_tokens - t.pending_prefill / 2)
-                    d_back += m
+                    d_back += min(m, within)
                     turns += 1
                 seqs += 1
                 busy = left / speed  # until the response is out and the step starts
@@ -319,9 +327,11 @@ class Forecaster:
             # The next turns that arrive within the horizon, each weighted by the chance the
             # episode is still going; later turns one learned turn period apart.
             turn, at, period = t.turn, first, self.period(t.env)
+            starts = min(first, h / 2)  # when it starts decoding: given that it comes, about midway
             weight = p * (1.0 - self.end_prob(t.env, turn))
             # the conversation the next observation follows: what it holds, and the response still to come
             before = t.context_tokens + (0.0 if t.phase is Phase.tool else left)
+            ending += p * self.end_prob(t.env, t.turn) * before  # it ends after this step
             while weight > 0.01:
                 turn += 1
                 turns += weight
@@ -330,15 +340,18 @@ class Forecaster:
                 attend += weight * obs * (before + obs / 2)
                 r = self.response_tokens(t.env, turn)
                 d_arr += weight * r
+                d_in += weight * min(r, max(h - starts, 0.0) * speed)  # what it decodes in the horizon
                 before += obs + r
                 at += period
+                starts += period
                 if at >= h:
                     break
+                ending += weight * self.end_prob(t.env, turn) * before
                 weight *= 1.0 - self.end_prob(t.env, turn)
             resp += t.last_response
         p_all = p_back + p_arr
-        d = Demand(h, p_all, d_back + d_arr, seqs, ctx / n if n else 0.0, p_arr, d_arr, turns, n,
-                   resp / n if n else 0.0, self._learned, attend / p_all if p_all else 0.0)
+        d = Demand(h, p_all, d_back + d_in, seqs, ctx / n if n else 0.0, p_arr, d_arr, turns, n,
+                   resp / n if n else 0.0, self._learned, attend / p_all if p_all else 0.0, ending)
         self._forecasts.append((now, h, p_arr, d_arr))
         return d
 

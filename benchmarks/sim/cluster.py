@@ -387,10 +387,12 @@ class Cluster:
     def _true_demand(self, now: float, h: float) -> Demand:
         """What the engines will really be asked for within `h` (the episodes are known here):
         the backlog, and every turn whose environment step returns within the horizon, timed
-        with the decode engines' current step times. Same shape as `Forecaster.forecast`."""
+        with the decode engines' current step times (of each response, what decodes before the
+        horizon ends), and the conversations of the episodes whose last step returns within it.
+        Same shape as `Forecaster.forecast`."""
         taus = [g._tau for g in self.gpus.values() if g._seqs]
         tau = sum(taus) / len(taus) if taus else self.cost.decode_step_s
-        p = dtok = seqs = ctx = turns = resp = attend = backlog = 0.0
+        p = dtok = seqs = ctx = turns = resp = attend = backlog = ending = 0.0
         n = 0
         for t in self.lifecycle.live():
             tr = self.trajs[t.id]
@@ -410,7 +412,7 @@ class Cluster:
                     attend += t.pending_prefill * (t.context_tokens - t.pending_prefill / 2)
                     turns += 1
                     left, step = spec[tr.turn].response, tau
-                dtok += left
+                dtok += min(left, h / step)  # what it decodes within the horizon
                 at = left * step + spec[tr.turn].latency_s
             turn = tr.turn
             before = t.context_tokens + (0 if t.phase is Phase.tool else spec[tr.turn].response)
@@ -421,13 +423,15 @@ class Cluster:
                 p += obs
                 attend += obs * (before + obs / 2)
                 before += obs + spec[turn + 1].response
-                dtok += spec[turn + 1].response
+                dtok += min(spec[turn + 1].response, (h - at) / tau)
                 turns += 1
                 turn += 1
                 at += spec[turn].response * tau + spec[turn].latency_s
+            if at < h and turn + 1 >= len(spec):  # its last step returns within the horizon: it ends
+                ending += before
         return Demand(h, p, dtok, seqs, ctx / n if n else 0.0, turns=turns, live=n, mean_response=resp / n if n else 0.0,
                       observed=1 << 30,  # nothing to learn: it is the truth
-                      prefill_arrivals=p - backlog, prefill_prefix=attend / p if p else 0.0)
+                      prefill_arrivals=p - backlog, prefill_prefix=attend / p if p else 0.0, ending_context=ending)
 
     def _check_drained(self, gpu: SimGPU) -> None:
         st = self.allocator.engines[gpu.id]

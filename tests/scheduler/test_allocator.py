@@ -298,16 +298,24 @@ def test_the_prefill_prefix_prices_what_a_turn_attends_to():
 
 
 def test_decode_is_priced_at_the_context_arriving_prefills_grow_it_to():
-    """1.6M tokens of observations arrive within the horizon for 1,000 live conversations of 2k
-    tokens: they decode at 2.8k on average over it (half of the 1.6k each gains), not at 2k. On a
-    layout whose one decode engine bounds it, that is the whole estimate; the same prefill
-    already waiting (no arrivals: a burst) leaves the contexts as they are."""
+    """1.6M tokens of observations arrive within a 15-s horizon for 1,000 live conversations of 2k
+    tokens. A move binds the engines for `dwell_s` (30 s: two horizons), over which each
+    conversation gains 3.2k: decode is priced at 3.6k, the mean over that time. On a layout whose
+    one decode engine bounds it, that is the whole estimate. Conversations ending within the
+    horizon take their contexts away (1.2M: growth net of them is 0.4k a horizon, 2.4k priced); the
+    same prefill already waiting (no arrivals: a burst) leaves the contexts as they are."""
     a = Allocator([f"e{i}" for i in range(16)], additive())
     decode_bound = Layout(15, 1, 0)
     arriving = Demand(15, 1.6e6, 2e6, 1000, 2000, prefill_arrivals=1.6e6, turns=1000, live=1000, mean_response=300)
+    ending = dataclasses.replace(arriving, ending_context=1.2e6)
     waiting = dataclasses.replace(arriving, prefill_arrivals=0.0)
-    assert a.estimate(decode_bound, arriving) == pytest.approx(2000 * a.capacity.step_s(1000, 2800))
+    assert a.config.dwell_s == 30.0
+    assert a.estimate(decode_bound, arriving) == pytest.approx(2000 * a.capacity.step_s(1000, 3600))
+    assert a.estimate(decode_bound, ending) == pytest.approx(2000 * a.capacity.step_s(1000, 2400))
     assert a.estimate(decode_bound, waiting) < 2000 * a.capacity.step_s(1000, 2100)
+    # with one horizon as the least a move binds the engines, half a horizon's growth is priced
+    once = Allocator([f"e{i}" for i in range(16)], additive(), AllocatorConfig(dwell_s=15.0))
+    assert once.estimate(decode_bound, arriving) == pytest.approx(2000 * once.capacity.step_s(1000, 2800))
 
 
 def test_a_burst_waiting_now_is_not_pipelined_by_a_split():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+import math
 import random
 
 import pytest
@@ -130,3 +131,38 @@ def test_the_prefill_prefix_is_weighted_by_the_prefill_tokens():
     assert d.prefill_prefix == pytest.approx((5_000 * 23_000 + 300 * 150) / 5_300)
     back = Demand.from_report(d.report(), d.horizon_s)
     assert back.prefill_prefix == pytest.approx(d.prefill_prefix, rel=1e-3) and back.prefill_arrivals == 0.0
+
+
+def test_decode_demand_counts_what_decodes_within_the_horizon():
+    """A 4,000-token response decodes over 80 s at 50 tokens/s: a 10-s horizon sees 500 of it,
+    decoding or waiting to prefill. Counted whole, long reasoning outputs outweighed the
+    observations arriving in the same window, and a split with too few prefill engines looked
+    best (the MoE's `shift`, 0.91-0.97x of the best split)."""
+    fc = Forecaster(prior=Prior(response_tokens=4_000, decode_tok_s=50.0))
+    lc = Lifecycle()
+    for tid, decoding in (("a", True), ("b", False)):
+        lc.on_submit(tid, "reason", 300, 0.0)
+        lc.on_prefill(tid, 300, 0.0)
+        if decoding:
+            lc.on_decode(tid, 0.0)
+    d = fc.forecast(lc.live(), 0.0, 10.0)
+    assert d.decode_tokens == pytest.approx(2 * 500)
+    short = Forecaster(prior=Prior(response_tokens=100, decode_tok_s=50.0)).forecast(lc.live(), 0.0, 10.0)
+    assert short.decode_tokens == pytest.approx(2 * 100 + short.decode_arrivals, rel=0.05)  # short ones count whole
+
+
+def test_the_contexts_of_episodes_ending_within_the_horizon_are_forecast():
+    """An episode that ends after its step takes its conversation off the engines: its context is
+    `ending_context` (what the allocator nets the arrivals' growth of contexts against)."""
+    lc = Lifecycle()
+    lc.on_submit("t", "e", 10_000, 0.0)
+    lc.on_prefill("t", 10_000, 0.0)
+    lc.on_decode("t", 0.0)
+    lc.on_tool("t", 200, 1.0, tool="py")  # 10,200 tokens, in its environment step
+    ends = Forecaster(prior=Prior(end_prob=1.0, tool_latency_s=2.0)).forecast(lc.live(), 1.0, 10.0)
+    returns = 1.0 - math.exp(-10.0 / 2.0)  # the step returns within the horizon (exponential prior)
+    assert ends.ending_context == pytest.approx(returns * 10_200) and ends.prefill_arrivals == 0.0
+    goes_on = Forecaster(prior=Prior(end_prob=0.0, tool_latency_s=2.0)).forecast(lc.live(), 1.0, 10.0)
+    assert goes_on.ending_context == 0.0 and goes_on.prefill_arrivals > 0
+    back = Demand.from_report(ends.report(), ends.horizon_s)
+    assert back.ending_context == pytest.approx(ends.ending_context, abs=1)
