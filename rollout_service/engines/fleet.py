@@ -225,7 +225,8 @@ class Fleet:
         try:
             pid, eid = self.policy.route(trajectory_id, self._available(tokenizer), self._roles)
         except NoEngine as e:
-            raise EngineError(f"no engine available for tokenizer {tokenizer!r}") from (last or e)
+            why = f" (the last attempt: {last})" if last is not None else ""  # what took the others out
+            raise EngineError(f"no engine available for tokenizer {tokenizer!r}{why}") from (last or e)
         if pid != eid and self._roles.get(pid) is Role.mixed and not self._hands_over(pid, eid):
             return pid, pid  # a crowded mixed engine's decode moves only where KV can follow it
         return pid, eid

@@ -194,3 +194,22 @@ async def test_a_decode_moves_off_a_mixed_engine_only_where_kv_can_follow():
     assert await fleet._route("x", "t", None) == ("a", "a")
     fleet._roles["a"] = Role.prefill  # a prefill engine's split is the role's, not the rebalancing's
     assert await fleet._route("x", "t", None) == ("a", "b")
+
+
+async def test_a_split_left_without_its_decode_engine_says_what_took_it_out(two_engines, redis, keys):
+    """Prefill on e0, decode on e1, and e1 dies: no engine is left to decode, and the turn's
+    error names the failure that took e1 out (not only that nothing is available)."""
+    reg = Registry(redis, keys)
+    for i, (_, url) in enumerate(two_engines):
+        await reg.add_engine(EngineInfo(id=f"e{i}", url=url))
+    await reg.set_role("e0", Role.prefill.value)
+    await reg.set_role("e1", Role.decode.value)
+    two_engines[1][0].kill()
+    two_engines[1][0].wait()
+    fleet = Fleet(registry=reg, refresh_s=0)
+    traj = await run_episode(Work("t-0", "t", 0, 0, {"seed": 0}, RolloutRequest(tasks=[{}], env="calc", max_turns=2)),
+                             fleet, LocalEnvs())
+    await fleet.aclose()
+    assert traj.failure is not None
+    assert "no engine available" in traj.failure.message and "the last attempt" in traj.failure.message
+    assert "e1" in fleet.down, traj.failure.message
