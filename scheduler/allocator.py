@@ -38,9 +38,9 @@ model fitted to the engines' own step timings):
   short, a phase is not — in engine-seconds) must beat the real cost of the move — each moved
   engine's drain time (or, where more, what the cluster loses while they drain: the engines
   left serve the demand, but for the draining engines' own decodes, in the layout the move
-  leaves them, e.g. one mixed engine prefilling for all), the flip (`switch_s`: graph capture), and rebuilding the prefix caches an
-  engine that stops prefilling strands — by `margin`, and be at least `min_gain` of the current
-  estimate, in `confirm` decisions in a row;
+  leaves them, e.g. one mixed engine prefilling for all), the flip (`switch_s`: graph capture),
+  and rebuilding the prefix caches an engine that stops prefilling strands — by `margin`, and be
+  at least `min_gain` of the current estimate, in `confirm` decisions in a row;
 - any number of engines may move in one decision (`max_moves`, a share of the cluster: 1.0 by
   default) when the forecast says so; an engine that moved less than `dwell_s` ago stays, and
   nothing new moves while an engine is still draining (hysteresis: no flapping);
