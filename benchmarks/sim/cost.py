@@ -84,6 +84,26 @@ class AllToAll:
         routed = tokens * top_k * hidden
         return 2 * self.latency_s + routed * 1 / self.dispatch_bw + routed * 2 / self.combine_bw
 
+    @classmethod
+    def internode(cls, ep: int) -> AllToAll:
+        """EP16 / EP32 spans 2 / 4 nodes: dispatch and combine go over RDMA. DeepEP V1's low-latency
+        kernels (docs/legacy.md, H800 with a 400 Gb/s ConnectX-7 a GPU, the NIC of an H200 node; 128
+        tokens a rank, 7168 hidden, top-8, FP8 dispatch, BF16 combine) take 118 / 195 µs at EP16 and
+        155 / 273 µs at EP32. Keeping the NVLink per-call floor (41 µs, no RDMA call is quicker),
+        the bytes of those points (7.3 MB dispatched, 14.7 MB combined a rank) leave the bandwidth:
+        95 / 95 GB/s at EP16, 64 / 63 GB/s at EP32."""
+        if ep not in INTERNODE_LOW_LATENCY:
+            raise ValueError(f"no measured internode all-to-all for EP{ep}")
+        floor = cls().latency_s
+        dispatch_s, combine_s = INTERNODE_LOW_LATENCY[ep]
+        tokens, hidden, top_k = 128, 7168, 8
+        return cls(dispatch_bw=tokens * top_k * hidden * 1 / (dispatch_s - floor),
+                   combine_bw=tokens * top_k * hidden * 2 / (combine_s - floor), latency_s=floor)
+
+
+# DeepEP V1 low-latency kernels, (dispatch, combine) seconds at 128 tokens a rank (docs/legacy.md)
+INTERNODE_LOW_LATENCY = {16: (118e-6, 195e-6), 32: (155e-6, 273e-6)}
+
 
 @dataclass(slots=True, frozen=True)
 class KVLink:
@@ -210,10 +230,20 @@ class ClusterCost:
 
     @classmethod
     def moe_dp(cls, dp: int = 8, gpu: GPU = H200, **kw) -> ClusterCost:
-        """Qwen3-30B-A3B: attention data-parallel over `dp` ranks, 128 experts spread over them."""
-        if dp != 8:
-            raise ValueError("the experts were measured as one GPU of an EP8 group")
-        return cls(shape=QWEN3_30B_A3B_ATTN, gpu=gpu, dp=dp, moe=qwen3_moe(), **kw)
+        """Qwen3-30B-A3B: attention data-parallel over `dp` ranks, 128 experts spread over them.
+        DP16 / DP32 (a group over 2 / 4 nodes) take the all-to-all over RDMA (`AllToAll.internode`)
+        and hold 8 / 4 experts a GPU (weights, so KV room, from that), but keep the expert *time*
+        measured as one GPU of EP8 (16 experts) for the same tokens routed to a GPU: at decode
+        batches that reads more expert weights than a GPU of EP16/32 holds, so the step's fixed
+        part is overstated, which dilutes the stall a prefill chunk adds and understates what a
+        split wins (the direction a guess should err in here; an EP16 measurement would replace it)."""
+        if dp not in (8, 16, 32):
+            raise ValueError("DP-attention groups of 8 (NVLink), 16 or 32 ranks (RDMA) are modelled")
+        moe = qwen3_moe()
+        if dp > 8:
+            moe = dataclasses.replace(moe, params_per_gpu=moe.params_per_gpu * 8 / dp)
+            kw.setdefault("alltoall", AllToAll.internode(dp))
+        return cls(shape=QWEN3_30B_A3B_ATTN, gpu=gpu, dp=dp, moe=moe, **kw)
 
     @classmethod
     def legacy_defaults(cls) -> ClusterCost:
@@ -361,6 +391,8 @@ PRESETS = {
     "qwen2.5-32b-tp2": lambda: ClusterCost.dense(QWEN25_32B, 2),
     "qwen2.5-32b-tp4": lambda: ClusterCost.dense(QWEN25_32B, 4),
     "qwen3-30b-a3b-dp8ep8": _moe,
+    "qwen3-30b-a3b-dp16ep16": lambda: ClusterCost.moe_dp(16),
+    "qwen3-30b-a3b-dp32ep32": lambda: ClusterCost.moe_dp(32),
     "legacy": ClusterCost.legacy_defaults,
 }
 DEFAULT = "llama3-8b-tp1"

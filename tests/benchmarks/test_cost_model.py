@@ -97,6 +97,29 @@ def test_all_to_all_per_call_cost_is_the_cited_one_token_latency():
     assert a2a.time(0, 7168, 8) == 0.0
 
 
+def test_an_internode_all_to_all_reproduces_deepeps_low_latency_points():
+    # DeepEP V1 low-latency kernels, 128 tokens a rank, hidden 7168, top-8: dispatch + combine
+    assert AllToAll.internode(16).time(128, 7168, 8) == pytest.approx(118e-6 + 195e-6, rel=1e-6)
+    assert AllToAll.internode(32).time(128, 7168, 8) == pytest.approx(155e-6 + 273e-6, rel=1e-6)
+    assert AllToAll.internode(16).latency_s == AllToAll().latency_s  # the NVLink per-call floor
+    with pytest.raises(ValueError):
+        AllToAll.internode(64)  # not measured: not modelled
+
+
+def test_larger_dp_groups_cross_nodes_hold_fewer_experts_and_stall_more_per_chunk():
+    """DP16/DP32 groups span nodes: their all-to-all is RDMA's, each GPU holds 8/4 of the 128 experts
+    (more room for KV), and a prefill chunk on one rank costs every rank more than in DP8."""
+    groups = {dp: ClusterCost.moe_dp(dp) for dp in (8, 16, 32)}
+    assert groups[8].alltoall == AllToAll() and groups[16].alltoall == AllToAll.internode(16)
+    assert groups[16].moe.params_per_gpu == pytest.approx(groups[8].moe.params_per_gpu / 2)
+    assert groups[32].kv_capacity_tokens / 32 > groups[16].kv_capacity_tokens / 16 > groups[8].kv_capacity_tokens / 8
+    stall = {dp: c.step_time(32 * dp, 32 * dp * 2048, 2048) - c.step_time(32 * dp, 32 * dp * 2048)
+             for dp, c in groups.items()}  # 32 decodes a rank, one 2,048-token chunk
+    assert stall[8] < stall[16] < stall[32]
+    with pytest.raises(ValueError):
+        ClusterCost.moe_dp(4)
+
+
 def test_one_rank_prefilling_stalls_the_whole_dp_attention_group():
     moe = PRESETS["qwen3-30b-a3b-dp8ep8"]()
     decode = moe.step_time(256, 256 * 2048)
