@@ -283,7 +283,7 @@ def plot(cells: list[dict], path: str) -> None:
     regimes = list(dict.fromkeys(c["regime"] for c in cells))
     keys = (("best-static/colocated", "best static split"), ("oracle/colocated", "hindsight oracle"),
             ("guided/colocated", "guided (our forecast)"), ("perfect/colocated", "guided (perfect forecast)"))
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    fig, ax = plt.subplots(figsize=(max(9.0, 2.0 * len(regimes)), 4.5))
     width = 0.8 / len(keys)
     for i, (key, label) in enumerate(keys):
         for j, regime in enumerate(regimes):
@@ -292,7 +292,7 @@ def plot(cells: list[dict], path: str) -> None:
             ax.scatter([x] * len(ys), ys, s=10, color=f"C{i}", alpha=0.6, label=label if j == 0 else None)
             ax.plot([x - width / 2, x + width / 2], [statistics.median(ys)] * 2, color=f"C{i}", lw=2)
     ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_xticks(range(len(regimes)), regimes)
+    ax.set_xticks(range(len(regimes)), [r.replace(" ", "\n", 1) for r in regimes])  # two lines: names fit
     ax.set_ylabel("speedup over colocated (end-to-end rollout time)")
     ax.set_title("PD allocation by regime: one dot per cell (median of seeds), bar = median of cells")
     ax.legend(fontsize=8)
