@@ -65,6 +65,11 @@ class AllReduce:
         return min(ll, simple)
 
 
+NVLINK_CALL_S = 41e-6  # an all-to-all call (dispatch or combine), pplx-kernels EP8 over NVLink
+# DeepEP V1 low-latency kernels, (dispatch, combine) seconds at 128 tokens a rank (docs/legacy.md)
+INTERNODE_LOW_LATENCY = {16: (118e-6, 195e-6), 32: (155e-6, 273e-6)}
+
+
 @dataclass(slots=True, frozen=True)
 class AllToAll:
     """MoE dispatch (FP8) + combine (BF16) per layer over NVLink. Bandwidth: DeepEP reaches 96% of
@@ -76,7 +81,7 @@ class AllToAll:
 
     dispatch_bw: float = 360e9
     combine_bw: float = 360e9
-    latency_s: float = 41e-6  # per call (dispatch or combine), pplx-kernels EP8 over NVLink
+    latency_s: float = NVLINK_CALL_S
 
     def time(self, tokens: float, hidden: int, top_k: int) -> float:
         if tokens <= 0:
@@ -94,15 +99,11 @@ class AllToAll:
         95 / 95 GB/s at EP16, 64 / 63 GB/s at EP32."""
         if ep not in INTERNODE_LOW_LATENCY:
             raise ValueError(f"no measured internode all-to-all for EP{ep}")
-        floor = cls().latency_s
         dispatch_s, combine_s = INTERNODE_LOW_LATENCY[ep]
-        tokens, hidden, top_k = 128, 7168, 8
-        return cls(dispatch_bw=tokens * top_k * hidden * 1 / (dispatch_s - floor),
-                   combine_bw=tokens * top_k * hidden * 2 / (combine_s - floor), latency_s=floor)
+        routed = 128 * 8 * 7168  # tokens a rank · top-k · hidden
+        return cls(dispatch_bw=routed * 1 / (dispatch_s - NVLINK_CALL_S),
+                   combine_bw=routed * 2 / (combine_s - NVLINK_CALL_S))
 
-
-# DeepEP V1 low-latency kernels, (dispatch, combine) seconds at 128 tokens a rank (docs/legacy.md)
-INTERNODE_LOW_LATENCY = {16: (118e-6, 195e-6), 32: (155e-6, 273e-6)}
 
 
 @dataclass(slots=True, frozen=True)
@@ -382,15 +383,11 @@ class ClusterCost:
         return slowest + experts + s.layers * self.alltoall.time(b + kr, moe.hidden, moe.top_k)
 
 
-def _moe() -> ClusterCost:
-    return ClusterCost.moe_dp(8)
-
-
 PRESETS = {
     "llama3-8b-tp1": lambda: ClusterCost.dense(LLAMA3_8B, 1),
     "qwen2.5-32b-tp2": lambda: ClusterCost.dense(QWEN25_32B, 2),
     "qwen2.5-32b-tp4": lambda: ClusterCost.dense(QWEN25_32B, 4),
-    "qwen3-30b-a3b-dp8ep8": _moe,
+    "qwen3-30b-a3b-dp8ep8": lambda: ClusterCost.moe_dp(8),
     "qwen3-30b-a3b-dp16ep16": lambda: ClusterCost.moe_dp(16),
     "qwen3-30b-a3b-dp32ep32": lambda: ClusterCost.moe_dp(32),
     "legacy": ClusterCost.legacy_defaults,
