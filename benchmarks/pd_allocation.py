@@ -30,6 +30,10 @@ writes the JSON, a text table and a plot (`--table`, `--plot`).
     python benchmarks/pd_allocation.py                  # 3 seeds, the grid of docs/results/pd_allocation.txt
     python benchmarks/pd_allocation.py --models llama3-8b-tp1 --gpus 8 --modes sync --workloads swe --seeds 0
     python benchmarks/pd_allocation.py --render a.json,b.json --table t.txt --plot p.png   # runs done in parts
+
+`--render` joins its files: a cell (model, workload, mode, GPUs) that several files hold gets every
+file's seeds, a later file's seed replacing an earlier one's, so a grid can run a seed or a model per
+process. Each seed records the commit it ran at (`code`, `-dirty` with uncommitted changes).
     python benchmarks/pd_allocation.py --trace batch.jsonl --trace-length-scale 20 --quick   # a recorded batch
 """
 
@@ -41,6 +45,7 @@ import itertools
 import json
 import math
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -53,7 +58,6 @@ from benchmarks.sim.workload import WORKLOADS  # noqa: E402
 
 SPLITS = (1 / 8, 1 / 4, 3 / 8, 1 / 2, 5 / 8, 3 / 4)
 CHUNKS = (512, 2048, 8192)  # colocated step budgets tried (tokens a rank); 2,048 is vLLM's default
-TIE = 0.02
 REGIME = {"llama3-8b-tp1": "dense 8B TP1", "qwen2.5-32b-tp2": "dense 32B TP2", "qwen2.5-32b-tp4": "dense 32B TP4",
           "qwen3-30b-a3b-dp8ep8": "MoE DP8-attention EP8", "qwen3-30b-a3b-dp16ep16": "MoE DP16-attention EP16",
           "qwen3-30b-a3b-dp32ep32": "MoE DP32-attention EP32", "legacy": "legacy"}
@@ -63,6 +67,16 @@ def splits(n: int) -> list[int]:
     if n <= 8:
         return list(range(1, n))
     return sorted({min(max(1, round(f * n)), n - 1) for f in SPLITS})
+
+
+def code_version() -> str:
+    """The commit this run's code is at, as `git describe` names it ("unknown" outside a checkout)."""
+    try:
+        p = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], cwd=Path(__file__).parent,
+                           capture_output=True, text=True, timeout=30)
+    except OSError:
+        return "unknown"
+    return p.stdout.strip() if p.returncode == 0 and p.stdout.strip() else "unknown"
 
 
 def run_seed(workload: str, mode: str, engines: int, seed: int, cost: ClusterCost, scale: float) -> dict:
@@ -170,6 +184,7 @@ def main() -> None:
     if args.render:
         render(args)
         return
+    code = code_version()
     costs = {m: PRESETS[m]() for m in args.models.split(",")}
     if args.restart_switch:
         costs = {m: c.restart_switch() for m, c in costs.items()}
@@ -190,10 +205,10 @@ def main() -> None:
             engines = gpus // cost.gpus
             if engines < 2:
                 continue
-            runs = [run_seed(workload, mode, engines, s, cost, args.scale) for s in seeds]
+            runs = [{**run_seed(workload, mode, engines, s, cost, args.scale), "code": code} for s in seeds]
             cell = {"model": model, "regime": REGIME.get(model, model), "workload": workload, "mode": mode,
                     "gpus": gpus, "engines": engines, "seeds": runs}
-            cell["summary"] = summarize(cell)
+            cell["summary"], cell["code"] = summarize(cell), code
             cells.append(cell)
             say(line(cell))
     wall = time.perf_counter() - t0
@@ -229,9 +244,26 @@ def line(cell: dict) -> str:
             f"decode {fmt(s['decode WAPE'], True)}")
 
 
+def join(runs: list[dict]) -> list[dict]:
+    """The cells of several runs, one per (model, workload, mode, GPUs), each with every run's seeds
+    (a later run's seed replaces an earlier one's), in the order they first appear."""
+    cells: dict[tuple, dict] = {}
+    for run in runs:
+        for c in run["cells"]:
+            seeds = [{**r, "code": r.get("code", c.get("code", "unknown"))} for r in c["seeds"]]
+            key = (c["model"], c["workload"], c["mode"], c["gpus"])
+            had = {r["seed"]: r for r in cells[key]["seeds"]} if key in cells else {}
+            had.update((r["seed"], r) for r in seeds)
+            cells.setdefault(key, c)["seeds"] = [had[k] for k in sorted(had)]
+    for c in cells.values():
+        c["summary"] = summarize(c)
+        c["code"] = "+".join(dict.fromkeys(r["code"] for r in c["seeds"]))
+    return list(cells.values())
+
+
 def render(args: argparse.Namespace) -> None:
     runs = [json.loads(Path(f).read_text()) for f in args.render.split(",")]
-    cells = [c for r in runs for c in r["cells"]]
+    cells = join(runs)
     lines: list[str] = []
 
     def say(s: str) -> None:

@@ -1,0 +1,44 @@
+"""The PD allocation table's bookkeeping: a grid run in parts joins into one table."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from benchmarks.pd_allocation import code_version, join
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _seed(seed: int, guided_s: float, code: str | None = None) -> dict:
+    r = {"seed": seed, "colocated_s": 100.0, "colocated_tuned_s": 100.0, "best_static_s": 90.0, "oracle_s": 90.0,
+         "perfect_s": guided_s, "guided_s": guided_s, "guided_cold_s": guided_s, "guided_moves": 1, "forecast": None}
+    return r if code is None else {**r, "code": code}
+
+
+def _cell(workload: str, seeds: list[dict], code: str | None = None) -> dict:
+    c = {"model": "m", "regime": "r", "workload": workload, "mode": "sync", "gpus": 8, "engines": 8, "seeds": seeds}
+    return c if code is None else {**c, "code": code}
+
+
+def test_render_joins_a_cells_seeds_across_files_a_later_seed_winning():
+    old = {"cells": [_cell("math", [_seed(0, 100.0), _seed(1, 50.0)], code="aaa"), _cell("swe", [_seed(0, 80.0)])]}
+    new = {"cells": [_cell("math", [_seed(1, 80.0, "bbb"), _seed(2, 125.0, "bbb")], code="bbb")]}
+    cells = join([old, new])
+    assert [c["workload"] for c in cells] == ["math", "swe"]
+    math = cells[0]
+    assert [(r["seed"], r["guided_s"], r["code"]) for r in math["seeds"]] == [
+        (0, 100.0, "aaa"), (1, 80.0, "bbb"), (2, 125.0, "bbb")]
+    assert math["code"] == "aaa+bbb"
+    # the summary is recomputed over the joined seeds: 100/100, 100/80, 100/125
+    assert math["summary"]["guided/colocated"] == {"median": 1.0, "min": 0.8, "max": 1.25}
+    assert cells[1]["code"] == "unknown" and len(cells[1]["seeds"]) == 1
+
+
+def test_each_run_records_the_commit_it_ran_at():
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    code = code_version()
+    if head.returncode != 0:  # not a checkout
+        assert code == "unknown"
+    else:
+        assert head.stdout.startswith(code.removesuffix("-dirty").rsplit("-g", 1)[-1])
