@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from benchmarks.pd_allocation import code_version, join
+from benchmarks.pd_allocation import code_version, join, report
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,3 +42,11 @@ def test_each_run_records_the_commit_it_ran_at():
         assert code == "unknown"
     else:
         assert head.stdout.startswith(code.removesuffix("-dirty").rsplit("-g", 1)[-1])
+
+
+def test_the_summary_counts_the_cells_within_2_percent_of_the_best_split():
+    cells = join([{"cells": [_cell("math", [_seed(0, 91.0)]), _cell("swe", [_seed(0, 95.0)])]}])
+    lines: list[str] = []
+    report(cells, [0], 1.0, lines.append)
+    # 90/91 = 0.989 >= 0.98; 90/95 = 0.947 < 0.98
+    assert "guided >= 0.98x of the best split in 1/2 (50%)" in lines[-2]
