@@ -246,7 +246,8 @@ def line(cell: dict) -> str:
 
 def join(runs: list[dict]) -> list[dict]:
     """The cells of several runs, one per (model, workload, mode, GPUs), each with every run's seeds
-    (a later run's seed replaces an earlier one's), in the order they first appear."""
+    (a later run's seed replaces an earlier one's): by model as they first appear, then by size,
+    then in the order they first appear."""
     cells: dict[tuple, dict] = {}
     for run in runs:
         for c in run["cells"]:
@@ -258,7 +259,8 @@ def join(runs: list[dict]) -> list[dict]:
     for c in cells.values():
         c["summary"] = summarize(c)
         c["code"] = "+".join(dict.fromkeys(r["code"] for r in c["seeds"]))
-    return list(cells.values())
+    models = list(dict.fromkeys(c["model"] for c in cells.values()))
+    return sorted(cells.values(), key=lambda c: (models.index(c["model"]), c["gpus"]))
 
 
 def render(args: argparse.Namespace) -> None:

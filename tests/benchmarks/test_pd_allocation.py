@@ -16,8 +16,9 @@ def _seed(seed: int, guided_s: float, code: str | None = None) -> dict:
     return r if code is None else {**r, "code": code}
 
 
-def _cell(workload: str, seeds: list[dict], code: str | None = None) -> dict:
-    c = {"model": "m", "regime": "r", "workload": workload, "mode": "sync", "gpus": 8, "engines": 8, "seeds": seeds}
+def _cell(workload: str, seeds: list[dict], code: str | None = None, model: str = "m", gpus: int = 8) -> dict:
+    c = {"model": model, "regime": "r", "workload": workload, "mode": "sync", "gpus": gpus, "engines": gpus,
+         "seeds": seeds}
     return c if code is None else {**c, "code": code}
 
 
@@ -33,6 +34,12 @@ def test_render_joins_a_cells_seeds_across_files_a_later_seed_winning():
     # the summary is recomputed over the joined seeds: 100/100, 100/80, 100/125
     assert math["summary"]["guided/colocated"] == {"median": 1.0, "min": 0.8, "max": 1.25}
     assert cells[1]["code"] == "unknown" and len(cells[1]["seeds"]) == 1
+
+
+def test_joined_cells_keep_a_models_sizes_together():
+    first = {"cells": [_cell("math", [_seed(0, 90.0)], model="a", gpus=32), _cell("math", [_seed(0, 90.0)], model="b")]}
+    later = {"cells": [_cell("math", [_seed(0, 90.0)], model="a", gpus=8)]}
+    assert [(c["model"], c["gpus"]) for c in join([first, later])] == [("a", 8), ("a", 32), ("b", 8)]
 
 
 def test_each_run_records_the_commit_it_ran_at():
