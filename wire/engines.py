@@ -9,9 +9,14 @@ from pydantic import Field, field_validator
 from wire.base import Input, Int, Version, Wire
 
 
+# 1-65535, no leading zero: in the schema, so a client sees which ports it may send (five digits
+# once reached 99999, and connecting raised OverflowError: a 500 on the next weight push)
+PORT = r"(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})"
+
+
 class EngineInfo(Input):
     id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")
-    url: str = Field(min_length=8, max_length=512, pattern=r"^https?://[A-Za-z0-9._\[\]-]+(:[0-9]{1,5})?(/[!-~]*)?$")
+    url: str = Field(min_length=8, max_length=512, pattern=r"^https?://[A-Za-z0-9._\[\]-]+(:" + PORT + r")?(/[!-~]*)?$")
     model: str = Field("default", max_length=200)
 
     @field_validator("url")

@@ -82,6 +82,9 @@ def test_bad_input_is_4xx_with_one_error_shape(gateway):
             c.delete("/v1/batches/nope"),
             c.get("/v1/batches/nope/events"),
             c.get("/v1/nowhere"),
+            # a port past 65535 matched the URL pattern and made the next weight push a 500
+            c.post("/v1/engines", json={"id": "e9", "url": "http://127.0.0.1:99999"}),
+            c.post("/v1/engines", json={"id": "e9", "url": "http://127.0.0.1:0/v1"}),
         ]
         bid = c.post("/v1/batches", json=BATCH).json()["id"]
         cases += [  # out-of-range input on a batch that exists (a cursor past int64 once reached Redis: 500)
