@@ -277,7 +277,8 @@ def render(args: argparse.Namespace) -> None:
     seeds = sorted({r["seed"] for c in cells for r in c["seeds"]})
     report(cells, seeds, sum(r["wall_s"] for r in runs), say)
     if args.out:
-        Path(args.out).write_text(json.dumps({"parts": [_args(r["args"]) for r in runs],
+        parts = [p for r in runs for p in (r["parts"] if "parts" in r else [_args(r["args"])])]  # a joined file's own
+        Path(args.out).write_text(json.dumps({"parts": parts,
                                               "cost": {k: v for r in runs for k, v in r["cost"].items()},
                                               "wall_s": sum(r["wall_s"] for r in runs), "cells": cells}, indent=1))
     if args.table:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
+import sys
 from pathlib import Path
 
 from benchmarks.pd_allocation import code_version, join, report
@@ -11,8 +13,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _seed(seed: int, guided_s: float, code: str | None = None) -> dict:
-    r = {"seed": seed, "colocated_s": 100.0, "colocated_tuned_s": 100.0, "best_static_s": 90.0, "oracle_s": 90.0,
-         "perfect_s": guided_s, "guided_s": guided_s, "guided_cold_s": guided_s, "guided_moves": 1, "forecast": None}
+    r = {"seed": seed, "trajectories": 8, "colocated_s": 100.0, "colocated_tuned_s": 100.0, "best_static": "static-4P",
+         "best_static_s": 90.0, "oracle_s": 90.0, "perfect_s": guided_s, "guided_s": guided_s,
+         "guided_cold_s": guided_s, "guided_moves": 1, "forecast": None}
     return r if code is None else {**r, "code": code}
 
 
@@ -57,3 +60,20 @@ def test_the_summary_counts_the_cells_within_2_percent_of_the_best_split():
     report(cells, [0], 1.0, lines.append)
     # 90/91 = 0.989 >= 0.98; 90/95 = 0.947 < 0.98
     assert "guided >= 0.98x of the best split in 1/2 (50%)" in lines[-2]
+
+
+def test_render_takes_a_file_it_rendered_before(tmp_path):
+    joined = {"parts": [{"models": "m", "seeds": "0"}], "cost": {}, "wall_s": 2.0,
+              "cells": [_cell("math", [_seed(0, 100.0, "aaa")], code="aaa")]}
+    run = {"args": {"models": "m", "seeds": "1", "out": "/somewhere/x.json"}, "cost": {"m": {}}, "wall_s": 3.0,
+           "cells": [_cell("math", [_seed(1, 80.0, "bbb")], code="bbb")]}
+    (tmp_path / "a.json").write_text(json.dumps(joined))
+    (tmp_path / "b.json").write_text(json.dumps(run))
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "pd_allocation.py"), "--render",
+                        f"{tmp_path / 'a.json'},{tmp_path / 'b.json'}", "--out", str(tmp_path / "o.json")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = json.loads((tmp_path / "o.json").read_text())
+    assert out["parts"] == [{"models": "m", "seeds": "0"}, {"models": "m", "seeds": "1"}]  # no machine path
+    assert out["wall_s"] == 5.0 and [r["seed"] for r in out["cells"][0]["seeds"]] == [0, 1]
+    assert "seeds [0, 1]" in p.stdout
