@@ -25,10 +25,12 @@ def test_failure_kinds_retry_and_masking():
 
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:8000", "https://vllm.internal/v1", "http://a[b:99999/x",
-                                 "http://[abc]:80", "http://[]", "http://]x[:1/[y]", "http://x.y-z_:0/%zz"])
+                                 "http://[abc]:80", "http://[]", "http://]x[:1/[y]", "http://x.y-z_:0/%zz",
+                                 "http://127.0.0.1:65535", "http://127.0.0.1:65536", "http://127.0.0.1:99999"])
 def test_engine_urls_pass_exactly_when_httpx_can_use_them(url):
-    try:
-        ok = bool(httpx.URL(url).host)
+    try:  # httpx parses any five-digit port; connecting to one past 65535 raised OverflowError
+        u = httpx.URL(url)
+        ok = bool(u.host) and (u.port is None or 1 <= u.port <= 65535)
     except (httpx.InvalidURL, ValueError):
         ok = False
     try:
