@@ -231,7 +231,8 @@ def _args(args: argparse.Namespace | dict) -> dict:
 
 def line(cell: dict) -> str:
     s, runs = cell["summary"], cell["seeds"]
-    best = max({r["best_static"] for r in runs}, key=[r["best_static"] for r in runs].count)
+    names = [r["best_static"] for r in runs]
+    best = max(names, key=names.count)  # the most frequent; a tie: the lowest seed's (a set's order varies by run)
     return (f"{cell['model']} {cell['workload']:6s} {cell['mode']:5s} {cell['gpus']:3d} GPUs "
             f"({runs[0]['trajectories']:5d} traj): "
             f"guided/colocated {fmt(s['guided/colocated'])}  /best-static {fmt(s['guided/best-static'])} "
@@ -278,6 +279,7 @@ def render(args: argparse.Namespace) -> None:
     report(cells, seeds, sum(r["wall_s"] for r in runs), say)
     if args.out:
         parts = [p for r in runs for p in (r["parts"] if "parts" in r else [_args(r["args"])])]  # a joined file's own
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({"parts": parts,
                                               "cost": {k: v for r in runs for k, v in r["cost"].items()},
                                               "wall_s": sum(r["wall_s"] for r in runs), "cells": cells}, indent=1))

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.pd_allocation import code_version, join, report
+from benchmarks.pd_allocation import code_version, join, line, report
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -77,3 +77,11 @@ def test_render_takes_a_file_it_rendered_before(tmp_path):
     assert out["parts"] == [{"models": "m", "seeds": "0"}, {"models": "m", "seeds": "1"}]  # no machine path
     assert out["wall_s"] == 5.0 and [r["seed"] for r in out["cells"][0]["seeds"]] == [0, 1]
     assert "seeds [0, 1]" in p.stdout
+
+
+def test_a_cells_best_split_label_is_the_commonest_and_a_tie_goes_to_the_lowest_seed():
+    seeds = [{**_seed(i, 90.0), "best_static": name} for i, name in enumerate(["static-3P", "static-1P", "static-2P"])]
+    cell = join([{"cells": [_cell("math", seeds)]}])[0]
+    assert "(static-3P)" in line(cell)  # a set's order of the names once chose, and varied from run to run
+    cell["seeds"][2]["best_static"] = "static-1P"
+    assert "(static-1P)" in line(cell)
