@@ -30,11 +30,11 @@ writes the JSON, a text table and a plot (`--table`, `--plot`).
     python benchmarks/pd_allocation.py                  # 3 seeds, the grid of docs/results/pd_allocation.txt
     python benchmarks/pd_allocation.py --models llama3-8b-tp1 --gpus 8 --modes sync --workloads swe --seeds 0
     python benchmarks/pd_allocation.py --render a.json,b.json --table t.txt --plot p.png   # runs done in parts
+    python benchmarks/pd_allocation.py --trace batch.jsonl --trace-length-scale 20 --quick   # a recorded batch
 
 `--render` joins its files: a cell (model, workload, mode, GPUs) that several files hold gets every
 file's seeds, a later file's seed replacing an earlier one's, so a grid can run a seed or a model per
 process. Each seed records the commit it ran at (`code`, `-dirty` with uncommitted changes).
-    python benchmarks/pd_allocation.py --trace batch.jsonl --trace-length-scale 20 --quick   # a recorded batch
 """
 
 from __future__ import annotations

@@ -105,7 +105,6 @@ class AllToAll:
                    combine_bw=routed * 2 / (combine_s - NVLINK_CALL_S))
 
 
-
 @dataclass(slots=True, frozen=True)
 class KVLink:
     """Moving a context's KV: fixed + pieces · per_piece + bytes / bandwidth."""
