@@ -114,6 +114,7 @@ def run_seed(workload: str, mode: str, engines: int, seed: int, cost: ClusterCos
         "prefill_tokens": {"colocated": colo.prefill_tokens, "best_static": best.prefill_tokens,
                            "guided": guided.prefill_tokens},
         "kv_pushed_tokens": {"best_static": best.pushed_tokens, "guided": guided.pushed_tokens},
+        "steps": {"colocated": colo.steps, "best_static": best.steps, "guided": guided.steps},
         "forecast": None if fe is None else dataclasses.asdict(fe),
     }
 

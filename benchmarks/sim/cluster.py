@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 
 from benchmarks.sim.clock import EventLoop
 from benchmarks.sim.cost import DEFAULT, PRESETS, ClusterCost
-from benchmarks.sim.gpu import SimGPU
+from benchmarks.sim.gpu import STEP_KINDS, SimGPU
 from benchmarks.sim.workload import Episode, Workload
 from scheduler.allocator import Allocator, AllocatorConfig, Capacity, Layout
 from scheduler.forecast import Demand, ForecastError, Forecaster
@@ -96,6 +96,10 @@ class Result:
     forecast: ForecastError | None = None
     layouts: list = field(default_factory=list)  # (t, prefill, decode, mixed) after each move
     pushed_tokens: int = 0  # KV moved to a prefill engine: responses pushed back, contexts pulled (kv_push)
+    # where the engines' time went, by kind of step (`SimGPU.steps`), summed over engines: engine-
+    # seconds, tokens decoded and prefilled, and the mean decode batch; what a split gains or loses
+    # against colocation, read off (docs: benchmarks/sim/README.md)
+    steps: dict = field(default_factory=dict)
 
 
 @dataclass(slots=True, frozen=True)
@@ -214,7 +218,16 @@ class Cluster:
         return Result(self.workload.name, self.mode, len(self.gpus), self.policy.name, end, self.done, self.turns,
                       sum(g.prefilled_tokens for g in self.gpus.values()), self.transferred,
                       len(self.allocator.history), busy / (len(self.gpus) * end) if end else 0.0, self.loop.events,
-                      self.forecaster.error(end, final=True) if self.guided else None, self.layouts, self.pushed)
+                      self.forecaster.error(end, final=True) if self.guided else None, self.layouts, self.pushed,
+                      self._steps())
+
+    def _steps(self) -> dict:
+        out = {}
+        for kind in STEP_KINDS:
+            s, dec, pre, seq_s = (sum(g.steps[kind][i] for g in self.gpus.values()) for i in range(4))
+            out[kind] = {"engine_s": round(s, 3), "decoded_tokens": round(dec), "prefilled_tokens": round(pre),
+                         "mean_batch": round(seq_s / s, 2) if s else 0.0}
+        return out
 
     def _progress(self) -> float:
         if self.mode == "sync":

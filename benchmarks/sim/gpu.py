@@ -29,6 +29,7 @@ from benchmarks.sim.cost import ClusterCost
 
 REFRESH_STEPS = 256  # context growth over this many steps changes τ by a few percent at most
 _EPS = 1e-6
+STEP_KINDS = ("decode", "mixed", "prefill")  # what an engine's steps carry: decodes, decodes beside a chunk, a chunk
 
 
 class SimGPU:
@@ -57,6 +58,9 @@ class SimGPU:
         self._version = 0
         self.busy_s = 0.0
         self.prefilled_tokens = 0
+        # by kind of step (decode only, mixed: decodes beside a chunk, prefill only): [seconds,
+        # tokens decoded, tokens prefilled, sequence-seconds (their mean batch: / seconds)]
+        self.steps: dict[str, list[float]] = {k: [0.0, 0.0, 0.0, 0.0] for k in STEP_KINDS}
 
     # --- what the cluster reads ---------------------------------------------------------
     def context(self) -> float:
@@ -159,6 +163,12 @@ class SimGPU:
         if dt > 0:
             if self._seqs or self._prefill:
                 self.busy_s += dt
+                b = len(self._seqs)
+                acc = self.steps["mixed" if b and self._prefill else "decode" if b else "prefill"]
+                acc[0] += dt
+                acc[1] += dt / self._tau * b if b else 0.0
+                acc[2] += dt * self._pf_rate if self._prefill else 0.0
+                acc[3] += dt * b
             if self._seqs:
                 self._v += dt / self._tau
             if self._prefill:

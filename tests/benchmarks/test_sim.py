@@ -219,3 +219,20 @@ def test_the_perfect_forecast_tells_the_backlog_from_the_arrivals():
     d = c._true_demand(0.0, 60.0)
     waiting = sum(t.pending_prefill for t in c.lifecycle.live())
     assert d.prefill_tokens - d.prefill_arrivals == waiting > 0 and d.prefill_arrivals > 0
+
+
+@pytest.mark.parametrize("policy", [Policy.colocated(), Policy.static(1)])
+def test_the_engines_time_is_told_by_kind_of_step(policy):
+    """`Result.steps`: every busy engine-second, decoded and prefilled token is in one kind of step."""
+    wl = small("web")
+    r = Cluster(wl, 4, policy, "async", seed=3).run()
+    steps = r.steps
+    assert sum(k["engine_s"] for k in steps.values()) == pytest.approx(r.utilization * 4 * r.makespan_s, rel=1e-3)
+    assert sum(k["prefilled_tokens"] for k in steps.values()) == pytest.approx(r.prefill_tokens, rel=1e-3)
+    responses = sum(t.response for i in range(r.trajectories) for t in wl.episode(3, i, i / (r.trajectories - 1)).turns)
+    assert sum(k["decoded_tokens"] for k in steps.values()) == pytest.approx(responses, rel=1e-3)
+    if policy.prefill:  # a split's engines either prefill or decode, never both in a step
+        assert steps["mixed"]["engine_s"] == 0 and steps["prefill"]["engine_s"] > 0
+        assert steps["decode"]["mean_batch"] > 0
+    else:  # colocated: decodes ride beside a chunk whenever the engine holds both
+        assert steps["mixed"]["engine_s"] > 0 and steps["mixed"]["decoded_tokens"] > 0
