@@ -61,6 +61,7 @@ class Policy:
     prefill: int | None = None  # fixed: this many prefill engines, the rest decode (0: all mixed)
     perfect: bool = False  # guided: the true demand of the next horizon instead of the forecast
     true_cost: bool = False  # guided: the allocator gets the true cost model instead of measuring
+    hold: bool = False  # guided, held colocated: forecasts and measures, records each decision's inputs, never moves
 
     @staticmethod
     def colocated() -> "Policy":
@@ -73,6 +74,12 @@ class Policy:
     @staticmethod
     def guided(perfect: bool = False) -> "Policy":
         return Policy("guided-perfect" if perfect else "guided", perfect=perfect)
+
+    @staticmethod
+    def held(perfect: bool = False) -> "Policy":
+        """Colocated under the guided control loop: every decision's demand and measured capacity are
+        kept (`Cluster.decisions`) so the allocator's estimate can be set beside the runs it scores."""
+        return Policy("held-perfect" if perfect else "held", perfect=perfect, hold=True)
 
     @staticmethod
     def oracle() -> "Policy":
@@ -179,7 +186,7 @@ class Cluster:
                      for i in range(gpus)}
         p = policy.prefill or 0
         layout = Layout(p, gpus - p, 0) if p else Layout(0, 0, gpus)
-        if warm is not None and self.guided and warm.layout is not None:
+        if warm is not None and self.guided and warm.layout is not None and not policy.hold:
             layout = warm.layout  # an engine keeps its role between batches, as live engines do
         # the engines were up before the run: their starting roles are not a recent move (dwell)
         self.allocator = Allocator(self.gpus, self.capacity, config, layout, now=-config.dwell_s)
@@ -197,6 +204,7 @@ class Cluster:
         self._flipping: set[str] = set()
         self.pending: list[tuple[str, str, str | None]] = []  # (what, trajectory, prefill engine) awaiting a role
         self.layouts: list[tuple[float, int, int, int]] = []
+        self.decisions: list[tuple[float, Demand, Capacity]] = []  # held: (time, demand, capacity) at each decision
 
     # --- running ------------------------------------------------------------------------
     def warm(self) -> "Warm":
@@ -387,6 +395,10 @@ class Cluster:
         demand = self.forecaster.forecast(self.lifecycle.live(), now)  # scored even when not used
         if self.policy.perfect:
             demand = self._true_demand(now, self.horizon_s)
+        if self.policy.hold:
+            self.decisions.append((now, demand, copy.deepcopy(self.capacity)))
+            self.loop.after(self.control_s, self._control)
+            return
         drain = {e: g.drain_s() for e, g in self.gpus.items()}
         moves = self.allocator.allocate(demand, drain, now, {e: g._cache_total for e, g in self.gpus.items()})
         if moves:
