@@ -14,9 +14,10 @@ measures whether the estimate ranks layouts as the simulator runs them. For each
   colocated's, set beside the simulated ratio of makespans.
 
 Prints per cell and seed the simulated/estimated ratio of every split, and whether the layout the
-estimate ranks first (colocated included) runs within 2% of the simulated best; then the median
-|log(estimated / simulated)| and that count over all cells, for the forecast and the true demand.
-Writes JSON.
+estimate ranks first (colocated included) runs within 2% of the simulated best; then, per model,
+the median of a split's estimated ÷ simulated ratio (its lean: above 1, splits priced slow), and
+over all cells the median |log(estimated / simulated)| and that count, for the forecast and the
+true demand. Writes JSON.
 
     python benchmarks/pd_estimate.py --models qwen2.5-32b-tp2 --gpus 8 --seeds 0
     python benchmarks/pd_estimate.py --models llama3-8b-tp1,qwen3-30b-a3b-dp8ep8 --gpus 8,32 --modes async
@@ -143,10 +144,17 @@ def main() -> None:
     for w in a.workloads.split(","):
         if w not in WORKLOADS:
             ap.error(f"unknown workload {w!r}; one of {', '.join(WORKLOADS)}")
-    seeds = [int(s) for s in a.seeds.split(",")]
+    for m in a.modes.split(","):
+        if m not in ("sync", "async"):
+            ap.error(f"unknown mode {m!r}; sync or async")
+    try:
+        sizes = [int(g) for g in a.gpus.split(",")]
+        seeds = [int(s) for s in a.seeds.split(",")]
+    except ValueError as e:
+        ap.error(f"--gpus and --seeds take whole numbers, comma-separated ({e})")
     code, cells, t0 = code_version(), [], time.perf_counter()
     for model, workload, mode, gpus in itertools.product(a.models.split(","), a.workloads.split(","),
-                                                         a.modes.split(","), [int(g) for g in a.gpus.split(",")]):
+                                                         a.modes.split(","), sizes):
         cost = PRESETS[model]()
         engines = gpus // cost.gpus
         if engines < 2:

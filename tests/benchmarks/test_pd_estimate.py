@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import subprocess
 import sys
@@ -56,7 +57,25 @@ def test_judge_scores_the_estimates_first_choice_by_what_it_runs_at():
     assert judge(sim, {0: 1.0, 1: 0.95, 2: 0.97})[1] == 1.0  # it picks the best
 
 
-def test_an_unknown_model_is_a_usage_error():
-    p = subprocess.run([sys.executable, "benchmarks/pd_estimate.py", "--models", "nope", "--out", "/dev/null"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 2 and "unknown model 'nope'" in p.stderr
+def test_bad_arguments_are_usage_errors():
+    for args, said in ((["--models", "nope"], "unknown model 'nope'"), (["--modes", "both"], "unknown mode 'both'"),
+                       (["--gpus", "eight"], "whole numbers")):
+        p = subprocess.run([sys.executable, "benchmarks/pd_estimate.py", *args, "--out", "/dev/null"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 2 and said in p.stderr, p.stderr
+
+
+def test_a_small_run_writes_every_split_with_both_demands(tmp_path):
+    out = tmp_path / "est.json"
+    p = subprocess.run([sys.executable, "benchmarks/pd_estimate.py", "--models", "qwen2.5-32b-tp2", "--gpus", "8",
+                        "--workloads", "math", "--modes", "sync", "--out", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    assert "qwen2.5-32b-tp2 (forecast): a split's estimate / simulated" in p.stdout
+    assert "its first choice within 2% of the best in 1/1 cell-seeds" in p.stdout
+    (cell,) = json.loads(out.read_text())["cells"]
+    (run,) = cell["seeds"]
+    assert cell["engines"] == 4 and run["simulated"]["0"] == 1.0
+    for key in ("forecast", "true_demand"):
+        assert set(run[key]) == {"0", "1", "2", "3"} and run[key]["0"] == 1.0
+        assert all(math.isfinite(v) and v > 0 for v in run[key].values())
