@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a scri
 
 from benchmarks.sim.cluster import Cluster, Policy, Result, Warm  # noqa: E402
 from benchmarks.sim.cost import PRESETS, ClusterCost  # noqa: E402
-from benchmarks.sim.workload import WORKLOADS  # noqa: E402
+from benchmarks.sim.workload import WORKLOADS, Workload  # noqa: E402
 
 SPLITS = (1 / 8, 1 / 4, 3 / 8, 1 / 2, 5 / 8, 3 / 4)
 CHUNKS = (512, 2048, 8192)  # colocated step budgets tried (tokens a rank); 2,048 is vLLM's default
@@ -79,17 +79,25 @@ def code_version() -> str:
     return p.stdout.strip() if p.returncode == 0 and p.stdout.strip() else "unknown"
 
 
+def engine_workload(workload: str, cost: ClusterCost, scale: float = 1.0) -> Workload:
+    """The workload with its trajectories per GPU counted per engine (an engine is `cost.gpus` GPUs)."""
+    return dataclasses.replace(WORKLOADS[workload], per_gpu=max(1, round(WORKLOADS[workload].per_gpu * scale * cost.gpus)))
+
+
+def phase_before(wl: Workload, engines: int, mode: str, seed: int, cost: ClusterCost) -> Warm:
+    """The rollout phase before this one (same workload, another seed): what guided learned there."""
+    before = Cluster(wl, engines, Policy.guided(), mode, seed=seed + 1000, cost=cost)
+    before.run()
+    return before.warm()
+
+
 def run_seed(workload: str, mode: str, engines: int, seed: int, cost: ClusterCost, scale: float) -> dict:
-    per_engine = max(1, round(WORKLOADS[workload].per_gpu * scale * cost.gpus))
-    wl = dataclasses.replace(WORKLOADS[workload], per_gpu=per_engine)
+    wl = engine_workload(workload, cost, scale)
 
     def one(policy: Policy, c: ClusterCost = cost, warm: Warm | None = None) -> Result:
         return Cluster(wl, engines, policy, mode, seed=seed, cost=c, warm=warm).run()
 
-    # the rollout phase before this one (same workload, another seed): what guided learned there
-    before = Cluster(wl, engines, Policy.guided(), mode, seed=seed + 1000, cost=cost)
-    before.run()
-    warm = before.warm()
+    warm = phase_before(wl, engines, mode, seed, cost)
 
     colo = one(Policy.colocated())
     tuned = {ch: colo if ch == cost.prefill_chunk_tokens else

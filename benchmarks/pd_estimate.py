@@ -26,7 +26,6 @@ true demand. Writes JSON.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import itertools
 import json
 import math
@@ -37,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
-from benchmarks.pd_allocation import code_version, splits  # noqa: E402
+from benchmarks.pd_allocation import code_version, engine_workload, phase_before, splits  # noqa: E402
 from benchmarks.sim.cluster import Cluster, Policy  # noqa: E402
 from benchmarks.sim.cost import PRESETS, ClusterCost  # noqa: E402
 from benchmarks.sim.workload import WORKLOADS  # noqa: E402
@@ -63,10 +62,8 @@ def estimated(c: Cluster, layouts: list[Layout]) -> dict[Layout, float]:
 
 
 def run_seed(workload: str, mode: str, engines: int, seed: int, cost: ClusterCost) -> dict:
-    wl = dataclasses.replace(WORKLOADS[workload], per_gpu=max(1, round(WORKLOADS[workload].per_gpu * cost.gpus)))
-    before = Cluster(wl, engines, Policy.guided(), mode, seed=seed + 1000, cost=cost)
-    before.run()
-    warm = before.warm()
+    wl = engine_workload(workload, cost)
+    warm = phase_before(wl, engines, mode, seed, cost)
     colo = Cluster(wl, engines, Policy.colocated(), mode, seed=seed, cost=cost).run().makespan_s
     ps = splits(engines)
     layouts = [Layout(0, 0, engines)] + [Layout(p, engines - p, 0) for p in ps]
