@@ -412,10 +412,12 @@ class Cluster:
     def _true_demand(self, now: float, h: float) -> Demand:
         """What the engines will really be asked for within `h` (the episodes are known here):
         the backlog, and every turn whose environment step returns within the horizon, timed
-        with the decode engines' current step times (of each response, what decodes before the
-        horizon ends), and the conversations of the episodes whose last step returns within it.
+        with its prefill (as it runs alone) and the decode engines' recent pace (`SimGPU.pace_s`:
+        timed at the step running now, which beside a prefill chunk is 10-30x a decode step, it
+        foresaw half of what arrived in `web`), of each response what decodes before the horizon
+        ends, and the conversations of the episodes whose last step returns within it.
         Same shape as `Forecaster.forecast`."""
-        taus = [g._tau for g in self.gpus.values() if g._seqs]
+        taus = [g.pace_s() for g in self.gpus.values() if g._seqs]
         tau = sum(taus) / len(taus) if taus else self.cost.decode_step_s
         p = dtok = seqs = ctx = turns = resp = attend = backlog = ending = 0.0
         n = 0
@@ -437,8 +439,11 @@ class Cluster:
                     attend += t.pending_prefill * (t.context_tokens - t.pending_prefill / 2)
                     turns += 1
                     left, step = spec[tr.turn].response, tau
-                dtok += min(left, h / step)  # what it decodes within the horizon
-                at = left * step + spec[tr.turn].latency_s
+                # its prefill first (as it would run alone: the queue before it is not counted)
+                first = self.cost.prefill_time(t.pending_prefill, t.context_tokens - t.pending_prefill) \
+                    if t.phase is not Phase.decoding else 0.0
+                dtok += min(left, max(h - first, 0.0) / step)  # what it decodes within the horizon
+                at = first + left * step + spec[tr.turn].latency_s
             turn = tr.turn
             before = t.context_tokens + (0 if t.phase is Phase.tool else spec[tr.turn].response)
             while at < h and turn + 1 < len(spec):
@@ -447,8 +452,9 @@ class Cluster:
                 obs = spec[turn].observation
                 p += obs
                 attend += obs * (before + obs / 2)
+                at += self.cost.prefill_time(obs, before)
                 before += obs + spec[turn + 1].response
-                dtok += min(spec[turn + 1].response, (h - at) / tau)
+                dtok += min(spec[turn + 1].response, max(h - at, 0.0) / tau)
                 turns += 1
                 turn += 1
                 at += spec[turn].response * tau + spec[turn].latency_s

@@ -21,6 +21,7 @@ Non-goals: the role (the router and allocator decide what is sent here), preempt
 from __future__ import annotations
 
 import heapq
+import math
 from collections import OrderedDict, deque
 from collections.abc import Callable
 
@@ -29,6 +30,7 @@ from benchmarks.sim.cost import ClusterCost
 
 REFRESH_STEPS = 256  # context growth over this many steps changes τ by a few percent at most
 _EPS = 1e-6
+STEP_MEMORY_S = 10.0  # how far back `pace_s` looks (a few hundred decode steps)
 STEP_KINDS = ("decode", "mixed", "prefill")  # what an engine's steps carry: decodes, decodes beside a chunk, a chunk
 
 
@@ -45,6 +47,10 @@ class SimGPU:
         self._t = 0.0
         self._v = 0.0  # tokens each running sequence has gained since the engine started
         self._tau = 0.0
+        # seconds a decode step has taken lately, prefill chunks included (decaying sums over
+        # `STEP_MEMORY_S` of decoding time): the pace a sequence decodes at, where `_tau` is only the
+        # step running now (a 2,048-token chunk's step is 10-30x a decode step)
+        self._pace_t = self._pace_v = 0.0
         self._pf_rate = 0.0
         self._heap: list[tuple[float, int, str]] = []  # (finish V, seq, trajectory)
         self._seqs: dict[str, tuple[float, int]] = {}  # trajectory -> (V at join, context at join)
@@ -123,12 +129,18 @@ class SimGPU:
         self._cache_total = 0
 
     def remaining(self, tid: str) -> tuple[float, float]:
-        """(tokens the trajectory still has to decode here, seconds a step takes now)."""
+        """(tokens the trajectory still has to decode here, seconds a step takes at the recent pace)."""
         f = self._finish.get(tid)
         if f is None:
             return 0.0, self.cost.decode_step_s
         v = self._v + max(self.loop.now - self._t, 0.0) / self._tau  # projected: reading changes nothing
-        return max(f - v, 0.0), max(self._tau, self.cost.decode_step_s)
+        return max(f - v, 0.0), self.pace_s()
+
+    def pace_s(self) -> float:
+        """Seconds a decode step has taken over the last `STEP_MEMORY_S` of decoding (chunked
+        steps included), or the step running now if nothing has decoded yet."""
+        step = self._pace_t / self._pace_v if self._pace_v > 0 else self._tau
+        return max(step, self.cost.decode_step_s)
 
     # --- the prefix cache -------------------------------------------------------------
     def hit(self, tid: str) -> int:
@@ -171,6 +183,9 @@ class SimGPU:
                 acc[3] += dt * b
             if self._seqs:
                 self._v += dt / self._tau
+                keep = math.exp(-dt / STEP_MEMORY_S)
+                self._pace_t = self._pace_t * keep + dt
+                self._pace_v = self._pace_v * keep + dt / self._tau
             if self._prefill:
                 done = dt * self._pf_rate
                 self._prefill[0][1] -= done
