@@ -11,13 +11,15 @@ measures whether the estimate ranks layouts as the simulator runs them. For each
   decision's demand and measured capacity: once with our forecaster, once told the true demand;
 - colocated and every static split run as in `pd_allocation.py`;
 - a layout's estimated ratio to colocated is Σ over the decisions of its estimate ÷ Σ of
-  colocated's, set beside the simulated ratio of makespans.
+  colocated's, set beside the simulated ratio of makespans: the default estimate with our
+  forecast and with the true demand, and the closed-loop estimate (`AllocatorConfig.estimate`)
+  with our forecast.
 
 Prints per cell and seed the simulated/estimated ratio of every split, and whether the layout the
 estimate ranks first (colocated included) runs within 2% of the simulated best; then, per model,
 the median of a split's estimated ÷ simulated ratio (its lean: above 1, splits priced slow), and
-over all cells the median |log(estimated / simulated)| and that count, for the forecast and the
-true demand. Writes JSON.
+over all cells the median |log(estimated / simulated)| and that count, for each of the three.
+Writes JSON.
 
     python benchmarks/pd_estimate.py --models qwen2.5-32b-tp2 --gpus 8 --seeds 0
     python benchmarks/pd_estimate.py --models llama3-8b-tp1,qwen3-30b-a3b-dp8ep8 --gpus 8,32 --modes async
@@ -26,6 +28,7 @@ true demand. Writes JSON.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import math
@@ -45,15 +48,17 @@ from scheduler.allocator import Allocator, Layout  # noqa: E402
 NEAR = 0.02  # "within 2% of the best", as the PD table counts it
 
 
-def estimated(c: Cluster, layouts: list[Layout]) -> dict[Layout, float]:
-    """Σ over a held run's decisions of each layout's estimate, relative to colocated's."""
+def estimated(c: Cluster, layouts: list[Layout], estimate: str = "throughput") -> dict[Layout, float]:
+    """Σ over a held run's decisions of each layout's estimate (`AllocatorConfig.estimate`),
+    relative to colocated's."""
     n = len(c.gpus)
     colo = Layout(0, 0, n)
     total = dict.fromkeys(layouts, 0.0)
+    config = dataclasses.replace(c.allocator.config, estimate=estimate)
     for _, demand, capacity in c.decisions:
         if not demand.live:
             continue
-        a = Allocator(c.gpus, capacity, c.allocator.config)
+        a = Allocator(c.gpus, capacity, config)
         est = {lay: a.estimate(lay, demand) for lay in layouts}
         if all(math.isfinite(v) for v in est.values()):
             for lay, v in est.items():
@@ -77,6 +82,9 @@ def run_seed(workload: str, mode: str, engines: int, seed: int, cost: ClusterCos
             raise RuntimeError(f"held run {r.makespan_s} s differs from colocated {colo} s")
         est = estimated(held, layouts)
         out["true_demand" if perfect else "forecast"] = {lay.prefill: est[lay] for lay in layouts}
+        if not perfect:
+            est = estimated(held, layouts, "closed_loop")
+            out["closed_loop"] = {lay.prefill: est[lay] for lay in layouts}
     return out
 
 
@@ -87,27 +95,29 @@ def judge(sim: dict[int, float], est: dict[int, float]) -> tuple[list[float], fl
     return errs, sim[pick] / min(sim.values())
 
 
+ESTIMATES = (("forecast", "our forecast"), ("true_demand", "the true demand"),
+             ("closed_loop", "our forecast, closed-loop estimate"))
+
+
 def line(cell: dict, run: dict) -> str:
-    sim, fc, tr = run["simulated"], run["forecast"], run["true_demand"]
-    parts = " ".join(f"{p}P {sim[p]:.2f}/{fc[p]:.2f}/{tr[p]:.2f}" for p in sim if p)
-    _, got_f = judge(sim, fc)
-    _, got_t = judge(sim, tr)
+    sim, keys = run["simulated"], [k for k, _ in ESTIMATES]
+    parts = " ".join(f"{p}P {sim[p]:.2f}/" + "/".join(f"{run[k][p]:.2f}" for k in keys) for p in sim if p)
+    got = " / ".join(f"{judge(sim, run[k])[1]:.3f}" for k in keys)
     return (f"{cell['model']} {cell['workload']:6s} {cell['mode']:5s} {cell['gpus']:3d} GPUs seed {run['seed']}: "
-            f"split/colocated simulated/forecast/true-demand {parts}  "
-            f"first choice runs at {got_f:.3f} / {got_t:.3f} of the best")
+            f"split/colocated simulated/forecast/true-demand/closed-loop {parts}  first choice runs at {got} of the best")
 
 
 def summary(cells: list[dict]) -> list[str]:
     out = []
     for model in dict.fromkeys(c["model"] for c in cells):  # the estimate's lean, per model: >1 is a split priced slow
-        for key in ("forecast", "true_demand"):
+        for key, _ in ESTIMATES:
             logs = [math.log(run[key][p] / run["simulated"][p]) for c in cells if c["model"] == model
                     for run in c["seeds"] for p in run["simulated"] if p and run[key][p] > 0]
             if logs:
                 out.append(f"{model} ({key.replace('_', ' ')}): a split's estimate / simulated, median "
                            f"{math.exp(statistics.median(logs)):.2f}x (quartiles "
                            f"{math.exp(_quantile(logs, 0.25)):.2f}-{math.exp(_quantile(logs, 0.75)):.2f}x)")
-    for key, label in (("forecast", "our forecast"), ("true_demand", "the true demand")):
+    for key, label in ESTIMATES:
         errs, got = [], []
         for cell in cells:
             for run in cell["seeds"]:

@@ -32,6 +32,17 @@ model fitted to the engines' own step timings):
               its prefill engines' share of the backlog waiting now plus one response: a split
               pipelines a stream of turns, not a burst (a synchronous batch's first prompts)
 
+`estimate="closed_loop"` (`AllocatorConfig.estimate`) prices a layout instead by the turn rate it
+sustains: the live trajectories cycle through prefill, decode and their tool, so the turns a second
+X solve live = X · (tool + L(X)) with the engines' latency of a turn L at that rate — queueing on
+the prefill engines (ρ/(1 − ρ)), and a decode step running base / (1 − λu − the prefill share)
+(a continuous batch stepping λ tokens a second, u seconds a sequence adds to a step) — from the
+turns measured over the last two horizons (`Demand.turn_*`, `tool_s`), not the forecast: the
+forecast sees only live trajectories. Where the engines wait on the tools more than on each other
+(dense models, one GPU an engine) it ranks static splits as the simulator runs them 3x closer
+than the default (`benchmarks/pd_estimate.py`); it prices the DP-attention MoE's splits 5-15% too
+fast, and guided with it moved where it lost: not the default.
+
 `allocate(demand, drain_s, now)` moves toward the best layout only when it pays:
 - the gain (the share of throughput the new layout wins, held for `payback_s` or, when the
   current layout has been losing by `min_gain` for longer, for as long as it has — a burst is
@@ -60,9 +71,10 @@ from scheduler.capacity import Capacity
 from scheduler.forecast import Demand
 from scheduler.roles import EngineRole, EngineState, Role
 
-__all__ = ["Allocator", "AllocatorConfig", "Capacity", "Layout", "Move"]
+__all__ = ["ESTIMATES", "Allocator", "AllocatorConfig", "Capacity", "Layout", "Move"]
 
 INF = float("inf")
+ESTIMATES = ("throughput", "closed_loop")
 
 
 @dataclass(slots=True, frozen=True)
@@ -99,6 +111,7 @@ class AllocatorConfig:
     # or they would crawl at the prefill engine's step pace.
     routing_only: bool = False
     drain_idle: float = 0.5  # the share of a draining engine's time lost (its batch empties as sequences end)
+    estimate: str = "throughput"  # or "closed_loop" (see the module docstring)
 
 
 @dataclass(slots=True)
@@ -116,6 +129,8 @@ class Allocator:
         ids = sorted(engine_ids)
         self.capacity = capacity or Capacity()
         self.config = config or AllocatorConfig()
+        if self.config.estimate not in ESTIMATES:
+            raise ValueError(f"unknown estimate {self.config.estimate!r}; one of {', '.join(ESTIMATES)}")
         self.engines: dict[str, EngineRole] = {e: EngineRole(e) for e in ids}
         initial = initial or Layout(0, 0, len(ids))
         roles = [Role.prefill] * initial.prefill + [Role.decode] * initial.decode
@@ -192,6 +207,9 @@ class Allocator:
             stall = cap.step_s(bb, ctx, k, pfx) - cap.step_s(bb, ctx, 0.0)
             return decode_s + chunk_steps * stall + max(chunk_steps - n_steps, 0.0) * cap.step[0]
 
+        if (self.config.estimate == "closed_loop" and d.turn_response > 0 and d.turn_prefill > 0 and d.turns > 0
+                and d.live > 0):
+            return self._closed_loop(lay, d, tokens, extra, pfx, ctx, fit, steps)
         # a split pipelines prefill and decode, but a turn waiting now decodes only once prefilled:
         # the last of the backlog starts decoding when the prefill engines are through it (a
         # burst: a synchronous batch's first prompts), so no split beats backlog + one response
@@ -207,6 +225,61 @@ class Allocator:
         x = tokens * p / (p + m)
         worst = max(prefill_side(x), mixed_side(tokens - x), prefill_side(backlog * p / (p + m)) + lag)
         return max(worst, decode_s) if dec else worst
+
+    def _closed_loop(self, lay: Layout, d: Demand, tokens: float, extra: float, pfx: float, ctx: float,
+                     fit: float, steps: float) -> float:
+        """Seconds the layout needs for the horizon's turns at the turn rate its closed loop sustains
+        (see the module docstring), and no less than its backlog's prefill plus a horizon's decoding."""
+        cap = self.capacity
+        p, dec, m = lay.prefill, lay.decode, lay.mixed
+        prefillers, decoders = p + m, dec + m
+        base = max(cap.step[0], 1e-6)
+        u = cap.step[1] + cap.step[2] * ctx  # what a sequence adds to a decode step
+        resp = d.turn_response
+        # a turn's prefill, with the recompute the estimate adds (conversations the KV cannot hold)
+        tp = d.turn_prefill * (tokens / d.prefill_tokens if d.prefill_tokens > 0 else 1.0)
+        pfx = d.turn_prefix or pfx
+        c_p = (1.0 + extra) / max(cap.prefill_rate(pfx), 1e-9)  # seconds a token on a prefill engine
+        k = min(cap.chunk_tokens, max(tp, 1.0))
+        c_m = max(cap.step_s(1, ctx, k, pfx) - cap.step_s(1, ctx, 0.0), 0.0) / k  # ... beside decodes
+
+        def latency(x: float) -> tuple[float, float]:
+            """(seconds a turn waits for and takes to prefill, seconds a step of its decode) at x turns/s."""
+            per = x / prefillers if prefillers else 0.0  # turns a second an engine that prefills takes
+            lam = x * resp / decoders if decoders else 0.0  # tokens a second an engine that decodes makes
+            wait = step = 0.0
+            if p:
+                rho = per * tp * c_p
+                if rho >= 1.0:
+                    return INF, INF
+                wait += p * tp * c_p / (1.0 - rho)
+            for n, busy in ((m, per * tp * c_m), (dec, 0.0)):
+                if not n:
+                    continue
+                free = 1.0 - busy - lam * u
+                if free <= 0.0 or lam * base / free > fit:  # saturated, or a batch beyond the KV
+                    return INF, INF
+                step += n * base / free
+                if busy:
+                    wait += n * tp * c_m / free
+            return wait / prefillers if prefillers else 0.0, step / decoders if decoders else 0.0
+
+        lo, hi = 0.0, d.live / max(d.tool_s, 1e-3)  # no faster than every trajectory in its tool alone
+        for _ in range(40):
+            x = (lo + hi) / 2
+            wait, step = latency(x)
+            if x * (d.tool_s + wait + resp * step) < d.live:
+                lo = x
+            else:
+                hi = x
+        if lo <= 0:
+            return INF
+        # a turn waiting now decodes only once prefilled: the backlog (a synchronous batch's first
+        # prompts) goes through the engines that prefill before its last turn decodes a horizon's worth
+        backlog = max(d.prefill_tokens - d.prefill_arrivals, 0.0)
+        speed = (p / c_p if p else 0.0) + (m / c_m if m and c_m > 0 else 0.0)
+        burst = (backlog / speed if speed > 0 else 0.0) + steps * latency(lo)[1]
+        return max(d.turns / lo, burst)
 
     def prefill_tokens(self, d: Demand, holders: int, split: bool) -> float:
         """Prefill the engines will really do: the forecast deltas, plus, on a prefill engine,

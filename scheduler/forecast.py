@@ -135,6 +135,17 @@ class Demand:
     # leave the engines, so the live contexts grow by the arrivals net of these (in an async steady
     # state, where ending episodes are replaced by new short ones, they hardly grow at all)
     ending_context: float = 0.0
+    # the turns of the last `recent_s`, measured (0: too few seen): mean prefill tokens, the
+    # context they attend to (weighted by tokens), response tokens, and the environment step after
+    # a response (seconds; a last turn has none). Means over turns, not trajectories: `live`
+    # trajectories cycling through prefill, decode and their tool make X turns a second with
+    # live = X · (mean cycle per turn), so how fast a layout serves a turn sets the turn rate.
+    # Measured, not forecast: the forecast sees only live trajectories, and in an async run the
+    # ones that start within the horizon (all of a one-turn env's turns) are not live yet
+    turn_prefill: float = 0.0
+    turn_prefix: float = 0.0
+    turn_response: float = 0.0
+    tool_s: float = 0.0
 
     def report(self) -> dict[str, int]:
         """This worker's share, as the additive fields of a registry report (`forecast:*`): means
@@ -148,7 +159,12 @@ class Demand:
                 "forecast:prefix_tokens": round(self.prefill_prefix * self.prefill_tokens),
                 # what is forecast to arrive, apart from the backlog waiting now (a burst: see the allocator)
                 "forecast:prefill_arrivals": round(self.prefill_arrivals),
-                "forecast:ending_tokens": round(self.ending_context)}
+                "forecast:ending_tokens": round(self.ending_context),
+                # per-turn means travel weighted by live like the rest (the sum is a live-weighted mean)
+                "forecast:turn_prefill_tokens": round(self.turn_prefill * self.live),
+                "forecast:turn_prefix_tokens": round(self.turn_prefix * self.live),
+                "forecast:turn_response_tokens": round(self.turn_response * self.live),
+                "forecast:tool_ms": round(self.tool_s * self.live * 1000)}
 
     @classmethod
     def from_report(cls, report: dict[str, int], horizon_s: float) -> Demand:
@@ -159,11 +175,14 @@ class Demand:
                    decode_seqs=f["decode_seqs"], mean_context=f["context_tokens"] / live, turns=f["turns"],
                    live=int(f["live"]), mean_response=f["response_tokens"] / live, observed=int(f["observed"]),
                    prefill_prefix=f["prefix_tokens"] / f["prefill_tokens"] if f["prefill_tokens"] else 0.0,
-                   prefill_arrivals=f["prefill_arrivals"], ending_context=f["ending_tokens"])
+                   prefill_arrivals=f["prefill_arrivals"], ending_context=f["ending_tokens"],
+                   turn_prefill=f["turn_prefill_tokens"] / live, turn_prefix=f["turn_prefix_tokens"] / live,
+                   turn_response=f["turn_response_tokens"] / live, tool_s=f["tool_ms"] / live / 1000)
 
 
 _REPORTED = ("prefill_tokens", "decode_tokens", "decode_seqs", "context_tokens", "turns", "live", "response_tokens",
-             "observed", "prefix_tokens", "prefill_arrivals", "ending_tokens")
+             "observed", "prefix_tokens", "prefill_arrivals", "ending_tokens", "turn_prefill_tokens",
+             "turn_prefix_tokens", "turn_response_tokens", "tool_ms")
 
 
 @dataclass(slots=True)
@@ -177,6 +196,57 @@ class ForecastError:
     responses: int
 
 
+class RecentTurns:
+    """The turns of the last `window_s` seconds, as measured: sums over a sliding window."""
+
+    MIN_TURNS = 8  # fewer and the means are noise: report 0 (unknown)
+
+    def __init__(self, window_s: float):
+        self.window_s = window_s
+        self._events: deque = deque()  # (t, kind, value, extra); kinds: 0 prefill, 1 response, 2 tool
+        self._sum = [[0.0, 0.0, 0.0] for _ in range(3)]  # per kind: count, Σ value, Σ extra
+
+    def clear(self) -> None:
+        self._events.clear()
+        self._sum = [[0.0, 0.0, 0.0] for _ in range(3)]
+
+    def _add(self, now: float, kind: int, value: float, extra: float = 0.0) -> None:
+        self._events.append((now, kind, value, extra))
+        s = self._sum[kind]
+        s[0] += 1
+        s[1] += value
+        s[2] += extra
+        self._expire(now)
+
+    def _expire(self, now: float) -> None:
+        while self._events and self._events[0][0] < now - self.window_s:
+            _, kind, value, extra = self._events.popleft()
+            s = self._sum[kind]
+            s[0] -= 1
+            s[1] -= value
+            s[2] -= extra
+
+    def prefill(self, now: float, tokens: float, attends: float) -> None:
+        """A turn's prefill of `tokens`, attending on average to `attends` tokens of context."""
+        self._add(now, 0, tokens, tokens * attends)
+
+    def response(self, now: float, tokens: float) -> None:
+        self._add(now, 1, tokens)
+
+    def tool(self, now: float, seconds: float) -> None:
+        self._add(now, 2, seconds)
+
+    def fields(self, now: float) -> dict[str, float]:
+        """`Demand`'s per-turn fields: prefill tokens, the context they attend to, response tokens
+        and tool seconds per turn (a turn begins with its prefill); zeros while too few are seen."""
+        self._expire(now)
+        (n_p, s_p, s_a), (n_r, s_r, _), (_, s_t, _) = self._sum
+        if n_p < self.MIN_TURNS or n_r < self.MIN_TURNS:
+            return dict.fromkeys(("turn_prefill", "turn_prefix", "turn_response", "tool_s"), 0.0)
+        return {"turn_prefill": s_p / n_p, "turn_prefix": s_a / s_p if s_p > 0 else 0.0,
+                "turn_response": s_r / n_r, "tool_s": s_t / n_p}
+
+
 class Forecaster:
     """`observe` lifecycle changes; `forecast(live, now)`; `error(now)`.
 
@@ -186,8 +256,9 @@ class Forecaster:
     """
 
     def __init__(self, horizon_s: float = 10.0, prior: Prior | None = None, max_records: int = 200_000,
-                 decode_lag_s: float = 120.0, learn: bool = True):
+                 decode_lag_s: float = 120.0, learn: bool = True, recent_s: float | None = None):
         self.horizon_s = horizon_s
+        self.recent = RecentTurns(2.0 * horizon_s if recent_s is None else recent_s)
         self.learn = learn  # False: keep the statistics fixed (still scores itself)
         self.prior = prior or Prior()
         self.decode_lag_s = decode_lag_s  # a window's decode tokens are known once its turns finish
@@ -207,6 +278,7 @@ class Forecaster:
         clock starts again (the simulator's next rollout phase; a live worker never needs it)."""
         for d in (self._forecasts, self._prefill_actual, self._decode_actual, self._open_turn, self._arrived):
             d.clear()
+        self.recent.clear()
         self._resp_abs = self._resp_total = 0.0
         self._resp_n = 0
 
@@ -242,6 +314,9 @@ class Forecaster:
             self._open_turn[t.id] = ch.now
         if ch.new is Phase.prefilling:
             self._arrived[t.id] = ch.now
+            self.recent.prefill(ch.now, ch.tokens, t.context_tokens - ch.tokens / 2)
+            if ch.old is Phase.tool:
+                self.recent.tool(ch.now, ch.now - ch.old_since)
         elif ch.new is Phase.tool or (ch.new is Phase.done and ch.old in (Phase.decoding, Phase.prefilling)):
             self._learn_response(t, s, ch)
         if ch.new is Phase.done:
@@ -255,6 +330,7 @@ class Forecaster:
             self._arrived.pop(t.id, None)
 
     def _learn_response(self, t: Track, s: EnvStats, ch: Change) -> None:
+        self.recent.response(ch.now, ch.tokens)
         m = s.response[min(t.turn, TURN_BUCKETS - 1)]
         predicted = m.get(self.prior.response_tokens)
         self._resp_abs += abs(predicted - ch.tokens)
@@ -351,7 +427,8 @@ class Forecaster:
             resp += t.last_response
         p_all = p_back + p_arr
         d = Demand(h, p_all, d_back + d_in, seqs, ctx / n if n else 0.0, p_arr, d_arr, turns, n,
-                   resp / n if n else 0.0, self._learned, attend / p_all if p_all else 0.0, ending)
+                   resp / n if n else 0.0, self._learned, attend / p_all if p_all else 0.0, ending,
+                   **self.recent.fields(now))
         self._forecasts.append((now, h, p_arr, d_arr))
         return d
 

@@ -462,7 +462,8 @@ class Cluster:
                 ending += before
         return Demand(h, p, dtok, seqs, ctx / n if n else 0.0, turns=turns, live=n, mean_response=resp / n if n else 0.0,
                       observed=1 << 30,  # nothing to learn: it is the truth
-                      prefill_arrivals=p - backlog, prefill_prefix=attend / p if p else 0.0, ending_context=ending)
+                      prefill_arrivals=p - backlog, prefill_prefix=attend / p if p else 0.0, ending_context=ending,
+                      **self.forecaster.recent.fields(now))  # measured, not forecast: the same either way
 
     def _check_drained(self, gpu: SimGPU) -> None:
         st = self.allocator.engines[gpu.id]

@@ -351,3 +351,47 @@ def test_a_loss_that_lasts_is_credited_for_as_long_as_it_has_lasted():
         t += 5.0
         assert t < 1000
     assert t > 20.0  # held at first: counted from 10 s, not from the first sighting at 0 s
+
+
+def _closed(cap: Capacity | None = None) -> Allocator:
+    cap = cap or Capacity(step=[0.005, 0.0, 3e-8, 2.3e-5, 3e-4, 0.0, 1.7e-9], kv_tokens=850_000)  # a dense 8B's fit
+    return Allocator(IDS, cap, AllocatorConfig(estimate="closed_loop", response_kv_pushed=True))
+
+
+def _turns(tool_s: float, live: int, prefill: float = 5_000) -> Demand:
+    """A steady async stream: `live` trajectories, turns of `prefill` tokens and 250-token responses."""
+    turns = 0.6 * live
+    return Demand(15, turns * prefill, turns * 250, live, 30_000, prefill_arrivals=turns * prefill, turns=turns,
+                  live=live, mean_response=250, turn_prefill=prefill, turn_prefix=30_000, turn_response=250,
+                  tool_s=tool_s)
+
+
+def test_an_unknown_estimate_is_refused():
+    with pytest.raises(ValueError, match="unknown estimate 'guess'"):
+        Allocator(IDS, config=AllocatorConfig(estimate="guess"))
+
+
+def test_the_closed_loop_estimate_needs_measured_turns_else_it_is_the_default():
+    d = dataclasses.replace(_turns(2.0, 64), turn_prefill=0.0, turn_response=0.0, tool_s=0.0)  # nothing measured
+    default = Allocator(IDS, _closed().capacity, AllocatorConfig(response_kv_pushed=True))
+    for lay in (Layout(0, 0, 8), Layout(2, 6, 0), Layout(7, 1, 0)):
+        assert _closed().estimate(lay, d) == default.estimate(lay, d)
+
+
+def test_the_closed_loop_estimate_is_the_tools_time_when_the_engines_wait_on_the_tools():
+    """Trajectories spending a minute in their tool a turn hardly load the engines: every layout
+    serves a turn in a second or so, so each needs about turns · tool / live for the horizon."""
+    a, d = _closed(), _turns(60.0, 64)
+    floor = d.turns * d.tool_s / d.live
+    for lay in (Layout(0, 0, 8), Layout(1, 7, 0), Layout(4, 4, 0)):
+        assert floor < a.estimate(lay, d) < 1.05 * floor
+
+
+def test_the_closed_loop_estimate_prices_interference_and_a_saturated_prefill_engine():
+    """A DP-attention group, 1,000 trajectories with 2-s tools: colocated decodes stall behind
+    every prefill chunk, so two prefill engines serve the loop faster; one cannot keep up, and its
+    layout runs at the rate that engine prefills."""
+    a, d = _closed(additive()), _turns(2.0, 1000)
+    colo, split, lone = (a.estimate(lay, d) for lay in (Layout(0, 0, 8), Layout(2, 6, 0), Layout(1, 7, 0)))
+    assert split < 0.85 * colo and colo < lone
+    assert lone == pytest.approx(d.prefill_tokens / a.capacity.prefill_rate(d.turn_prefix), rel=0.02)

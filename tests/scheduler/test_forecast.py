@@ -166,3 +166,37 @@ def test_the_contexts_of_episodes_ending_within_the_horizon_are_forecast():
     assert goes_on.ending_context == 0.0 and goes_on.prefill_arrivals > 0
     back = Demand.from_report(ends.report(), ends.horizon_s)
     assert back.ending_context == pytest.approx(ends.ending_context, abs=1)
+
+
+def test_the_recent_turns_are_measured_per_turn_over_a_sliding_window():
+    """`Demand.turn_*` and `tool_s`: what the turns of the last two horizons brought, per turn (many
+    short turns weigh as many, not as one trajectory), and zeros until enough are seen."""
+    fc = Forecaster(horizon_s=5.0)  # a 10-s window
+    lc = Lifecycle(observers=[fc])
+    lc.on_submit("a", "web", 1_000, 0.0)
+    lc.on_prefill("a", 1_000, 0.0)
+    lc.on_decode("a", 0.0)
+    t = 0.0
+    for turn in range(1, 9):  # eight 2-s tool steps, each returning a 3,000-token observation
+        lc.on_tool("a", 100, t + 1.0, tool="browse")
+        t += 3.0
+        lc.on_prefill("a", 3_000, t)
+        lc.on_decode("a", t)
+    cold = fc.forecast(lc.live(), t)
+    assert cold.turn_response == 0.0  # 4 responses in the window: below `RecentTurns.MIN_TURNS`
+    assert fc.recent.window_s == 10.0
+    for _ in range(12):  # then a burst of short turns, within the window
+        lc.on_tool("a", 300, t + 0.1, tool="browse")
+        t += 0.2
+        lc.on_prefill("a", 500, t)
+        lc.on_decode("a", t)
+    d = fc.forecast(lc.live(), t)
+    # the window holds the last turns: 3 long (t ≥ t_end − 10) and 12 short, by prefill
+    long_turns = sum(1 for k in range(1, 9) if 3.0 * k >= t - 10.0)
+    n = long_turns + 12
+    assert d.turn_prefill == pytest.approx((3_000 * long_turns + 500 * 12) / n)
+    assert d.tool_s == pytest.approx((2.0 * long_turns + 0.1 * 12) / n)
+    assert d.turn_response > 0 and d.turn_prefix > 0
+    back = Demand.from_report(d.report(), d.horizon_s)
+    for f in ("turn_prefill", "turn_prefix", "turn_response", "tool_s"):  # totals travel in whole tokens and ms
+        assert getattr(back, f) == pytest.approx(getattr(d, f), abs=1.0)
