@@ -39,9 +39,9 @@ the prefill engines (ρ/(1 − ρ)), and a decode step running base / (1 − λu
 (a continuous batch stepping λ tokens a second, u seconds a sequence adds to a step) — from the
 turns measured over the last two horizons (`Demand.turn_*`, `tool_s`), not the forecast: the
 forecast sees only live trajectories. Where the engines wait on the tools more than on each other
-(dense models, one GPU an engine) it ranks static splits as the simulator runs them 3x closer
-than the default (`benchmarks/pd_estimate.py`); it prices the DP-attention MoE's splits 5-15% too
-fast, and guided with it moved where it lost: not the default.
+(dense models) its error against the simulator's static splits is 2-3x smaller than the default's
+(`benchmarks/pd_estimate.py`), on the DP-attention MoE about the same; but guided with it moved
+where it lost, and found no split the default misses (`benchmarks/sim/README.md`): not the default.
 
 `allocate(demand, drain_s, now)` moves toward the best layout only when it pays:
 - the gain (the share of throughput the new layout wins, held for `payback_s` or, when the
