@@ -101,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
                                     "decide, publish engine roles (draining first) to the registry.")
     sp.add_argument("--every-s", type=float, default=5.0, help="seconds between decisions (default 5)")
     sp.add_argument("--dwell-s", type=float, default=30.0, help="least time an engine keeps a role (default 30)")
+    sp.add_argument("--estimate", choices=("throughput", "closed_loop"), default="throughput",
+                    help="how a layout is priced: the time its prefill and decode sides need (default), or the "
+                         "turn rate its closed loop of trajectories sustains (closer to the simulator on dense "
+                         "models, not a better guide there: benchmarks/sim/README.md)")
     sp.set_defaults(fn=cmd_allocator)
 
     sp = sub.add_parser("env-worker", help="run an env worker (hosts environments over HTTP)")

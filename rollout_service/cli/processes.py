@@ -75,7 +75,8 @@ def cmd_allocator(args) -> None:
 
     async def main() -> None:
         r = connect(s.redis_url)
-        ctl = PDController(Registry(r, Keys(s.key_prefix)), config=AllocatorConfig(dwell_s=args.dwell_s),
+        config = AllocatorConfig(dwell_s=args.dwell_s, estimate=args.estimate)
+        ctl = PDController(Registry(r, Keys(s.key_prefix)), config=config,
                            measure=True)  # speed measured from the turns workers report, not a prior
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

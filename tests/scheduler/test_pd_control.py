@@ -3,6 +3,8 @@ draining before a switch, and routers that stop sending work to a draining engin
 
 from __future__ import annotations
 
+import pytest
+
 from rollout_service.engines.fleet import Fleet
 from rollout_service.engines.sim import SimEngine
 from scheduler.allocator import AllocatorConfig, Capacity
@@ -173,3 +175,18 @@ async def test_two_engines_reach_a_split_without_a_moment_when_nothing_decodes(r
         assert any(e.state == "ready" and e.role in ("decode", "mixed") for e in infos)
         now[0] += 1.0
     assert sorted(e.role for e in await reg.engines()) == ["decode", "prefill"]
+
+
+def test_rollout_allocator_names_the_estimate(capsys):
+    """`rollout allocator --estimate`: every estimate the allocator knows, by name; anything else is
+    a usage error that lists them."""
+    from rollout_service.cli import build_parser
+    from scheduler.allocator import ESTIMATES
+
+    parser = build_parser()
+    assert parser.parse_args(["allocator"]).estimate == "throughput"
+    for name in ESTIMATES:
+        assert parser.parse_args(["allocator", "--estimate", name]).estimate == name
+    with pytest.raises(SystemExit) as e:
+        parser.parse_args(["allocator", "--estimate", "guess"])
+    assert e.value.code == 2 and "closed_loop" in capsys.readouterr().err
