@@ -95,12 +95,12 @@ def judge(sim: dict[int, float], est: dict[int, float]) -> tuple[list[float], fl
     return errs, sim[pick] / min(sim.values())
 
 
-ESTIMATES = (("forecast", "our forecast"), ("true_demand", "the true demand"),
+COLUMNS = (("forecast", "our forecast"), ("true_demand", "the true demand"),
              ("closed_loop", "our forecast, closed-loop estimate"))
 
 
 def line(cell: dict, run: dict) -> str:
-    sim, keys = run["simulated"], [k for k, _ in ESTIMATES]
+    sim, keys = run["simulated"], [k for k, _ in COLUMNS]
     parts = " ".join(f"{p}P {sim[p]:.2f}/" + "/".join(f"{run[k][p]:.2f}" for k in keys) for p in sim if p)
     got = " / ".join(f"{judge(sim, run[k])[1]:.3f}" for k in keys)
     return (f"{cell['model']} {cell['workload']:6s} {cell['mode']:5s} {cell['gpus']:3d} GPUs seed {run['seed']}: "
@@ -110,14 +110,14 @@ def line(cell: dict, run: dict) -> str:
 def summary(cells: list[dict]) -> list[str]:
     out = []
     for model in dict.fromkeys(c["model"] for c in cells):  # the estimate's lean, per model: >1 is a split priced slow
-        for key, _ in ESTIMATES:
+        for key, _ in COLUMNS:
             logs = [math.log(run[key][p] / run["simulated"][p]) for c in cells if c["model"] == model
                     for run in c["seeds"] for p in run["simulated"] if p and run[key][p] > 0]
             if logs:
                 out.append(f"{model} ({key.replace('_', ' ')}): a split's estimate / simulated, median "
                            f"{math.exp(statistics.median(logs)):.2f}x (quartiles "
                            f"{math.exp(_quantile(logs, 0.25)):.2f}-{math.exp(_quantile(logs, 0.75)):.2f}x)")
-    for key, label in ESTIMATES:
+    for key, label in COLUMNS:
         errs, got = [], []
         for cell in cells:
             for run in cell["seeds"]:
