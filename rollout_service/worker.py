@@ -1,7 +1,9 @@
 """The rollout worker: claims trajectories, runs episodes, records results.
 
 Each claimed trajectory runs as its own task; its slot frees when its episode ends, so the
-next claim overlaps the result's write (`free_slots`). One heartbeat loop per worker extends every
+next claim overlaps the result's write (`free_slots`). Where episodes are as short as a claim's
+round trip (a fast engine), the worker also holds a few claims ahead (`ahead`), so a slot that
+frees starts its next episode at once instead of waiting on Redis. One heartbeat loop per worker extends every
 lease the worker holds in one round trip (`Queue.heartbeat_many`), so 100k trajectories in
 flight cost a few calls a period, not 100k; a beat that runs late (a busy event loop)
 extends them for longer (`stretched_lease`). The heartbeat also carries cancellation: when
@@ -62,6 +64,7 @@ class _Live:
     task: asyncio.Task  # the handler running the episode
     verdict: int = LEASE_OK
     in_episode: bool = True  # False once the episode ended: then only its result is being written
+    slot: float | None = None  # when it took one of the worker's `concurrency` episode slots
 
 
 # Most trajectories one claim call takes: the script runs alone in Redis, so a worker with
@@ -76,6 +79,16 @@ def stretched_lease(base_s: float, previous_s: float, late_s: float) -> float:
     return min(max(base_s, previous_s * 0.9, 3 * late_s), 4 * base_s)
 
 
+class Ewma:
+    """A moving average (each new value weighs `alpha`); None until the first value."""
+
+    def __init__(self, alpha: float = 0.1):
+        self.alpha, self.value = alpha, None
+
+    def add(self, x: float) -> None:
+        self.value = x if self.value is None else self.value + self.alpha * (x - self.value)
+
+
 class LoopDied(RuntimeError):
     """A background loop of the worker ended: the process must exit so it is restarted."""
 
@@ -83,12 +96,18 @@ class LoopDied(RuntimeError):
 class Worker:
     def __init__(self, queue: Queue, store: Store, fleet: Fleet, envs: EnvBackend, *,
                  worker_id: str | None = None, concurrency: int = 16, idle_wait_s: float = 1.0,
-                 retry_backoff_s: float = 0.5, registry=None, release_on_start: bool = False):
+                 retry_backoff_s: float = 0.5, registry=None, release_on_start: bool = False,
+                 prefetch: int | None = None):
         self.queue, self.store, self.fleet, self.envs = queue, store, fleet, envs
         self.id = worker_id or f"worker-{uuid.uuid4().hex[:8]}"
         # With a stable id, a restarted worker requeues its dead predecessor's work at start.
         self.release_on_start = release_on_start
         self.concurrency = concurrency
+        # Claims held beyond `concurrency`, waiting for a slot (`ahead`): at most this many.
+        self.prefetch = concurrency if prefetch is None else prefetch
+        self._slots = asyncio.Semaphore(concurrency)  # episodes running; FIFO, so claims start in order
+        self._claim_s = Ewma()  # a claim call's round trip
+        self._episode_s = Ewma()  # an episode, from its slot to its end
         # Longest an idle worker blocks on the queue's wake list before looking again: bounds how
         # late it notices a dead background loop; new work wakes it at once.
         self.idle_wait_s = idle_wait_s
@@ -140,7 +159,9 @@ class Worker:
                     continue
                 try:
                     # As many as there are free slots: a GRPO group's members come together.
+                    sent = time.monotonic()
                     claims = await self.queue.claim_many(self.id, min(free, CLAIM_MOST))
+                    self._claim_s.add(time.monotonic() - sent)
                     if not claims:
                         await self._wait_for_work(stop)
                 except UNAVAILABLE:
@@ -158,13 +179,30 @@ class Worker:
             await asyncio.gather(*self._active, reaper, prober, beater, return_exceptions=True)
 
     def free_slots(self) -> int:
-        """How many more episodes may start: `concurrency` run at once, and a slot frees when its
-        episode ends, while its result is still being written (at most `concurrency` writing)."""
-        running = len(self._active) - len(self._writing)
-        return max(0, min(self.concurrency - running, 2 * self.concurrency - len(self._active)))
+        """How many more trajectories to claim: `concurrency` run at once, and `ahead()` more wait
+        for a slot; a slot frees when its episode ends, while its result is still being written
+        (at most `concurrency` writing)."""
+        ahead = self.ahead() if len(self._writing) < self.concurrency else 0  # results backing up: none
+        running = len(self._active) - len(self._writing)  # (and waiting for a slot)
+        return max(0, min(self.concurrency + ahead - running, 2 * self.concurrency + ahead - len(self._active)))
+
+    def ahead(self) -> int:
+        """Claims to hold beyond the running episodes: as many slots as free up in two claim round
+        trips at the recent pace (concurrency x round trip / episode), so a slot that frees starts
+        its next episode without waiting on Redis. Episodes of milliseconds (a fast engine) keep
+        up to `prefetch` ahead; episodes of seconds keep none, so no worker sits on work another
+        could run."""
+        if not self.prefetch or self._claim_s.value is None or self._episode_s.value is None:
+            return 0
+        want = 2 * self.concurrency * self._claim_s.value / max(self._episode_s.value, 1e-6)
+        return min(self.prefetch, int(want + 0.5))
 
     def _episode_over(self, live: _Live) -> None:
         live.in_episode = False
+        if live.slot is not None:
+            self._episode_s.add(time.monotonic() - live.slot)
+            live.slot = None
+            self._slots.release()
         self._writing.add(live.task)
         self._slot_freed.set()
 
@@ -316,6 +354,8 @@ class Worker:
     async def _run(self, claim: Claim, work, live: _Live) -> None:
         """The episode, then its result, retry or restart written under the lease."""
         try:  # the episode runs in this task: the heartbeat loop cancels it here, with a verdict
+            await self._slots.acquire()
+            live.slot = time.monotonic()
             traj = await run_episode(work, self.fleet, self.envs, claim.attempt, self.lifecycle, claim.restarts,
                                      lambda turn: self._append_turn(claim, turn))
         except asyncio.CancelledError:

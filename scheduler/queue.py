@@ -219,7 +219,7 @@ class Queue:
         reward = "" if traj.reward is None else repr(traj.reward)
         # The result is kept first and recorded by the script: a reader never sees a terminal
         # state without its result. A lost race leaves a blob nobody recorded: drop it.
-        stored = await compress_result(pack_trajectory(traj.model_copy(update={"training_samples": None})))
+        stored = await compress_result(pack_trajectory(traj, samples=False))
         recorded = await self.results.put(batch_of(claim.trajectory_id), claim.trajectory_id, claim.token, stored)
         counts: dict[str, int] = {
             "tokens:sampled": sum(len(t.output_ids) for t in traj.turns),

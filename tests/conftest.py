@@ -99,8 +99,9 @@ class RunningWorker:
     """A rollout worker (simulated engine, in-process envs) on its own thread and loop."""
 
     def __init__(self, settings: Settings, engines=None, concurrency: int = 8, discover: bool = False,
-                 idle_wait_s: float = 1.0):
+                 idle_wait_s: float = 1.0, prefetch: int | None = None):
         """`engines`: id -> (engine, tokenizer spec); `discover`: use the registry instead."""
+        self.prefetch = prefetch
         self.settings, self.engines, self.concurrency, self.discover = settings, engines, concurrency, discover
         self.idle_wait_s = idle_wait_s
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -136,7 +137,7 @@ class RunningWorker:
         self.worker = Worker(Queue(r, keys, s.lease_s, s.max_attempts, s.max_restarts, results=results),
                              Store(r, keys, results), fleet,
                              LocalEnvs(), concurrency=self.concurrency, registry=reg,
-                             idle_wait_s=self.idle_wait_s)
+                             idle_wait_s=self.idle_wait_s, prefetch=self.prefetch)
         self.loop, self.stop = asyncio.get_running_loop(), asyncio.Event()
         try:
             await self.worker.run(self.stop)

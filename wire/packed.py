@@ -131,16 +131,18 @@ def _pack_sample(s: Sample) -> dict[str, Any]:
     return {n: _pack(code, getattr(s, n)) for n, code in _SAMPLE_ARRAYS.items()}
 
 
-def trajectory_dict(t: Trajectory) -> dict[str, Any]:
-    """The msgpack-ready document of `t` (what `pack_trajectory` encodes)."""
+def trajectory_dict(t: Trajectory, samples: bool = True) -> dict[str, Any]:
+    """The msgpack-ready document of `t` (what `pack_trajectory` encodes); `samples=False`
+    leaves its training samples out (None), as results are stored."""
     d = t.model_dump(mode="json", exclude={"turns", "training_samples"}, exclude_none=False)
     d["turns"] = [_pack_turn(turn) for turn in t.turns]
-    d["training_samples"] = None if t.training_samples is None else [_pack_sample(s) for s in t.training_samples]
+    d["training_samples"] = None if t.training_samples is None or not samples else [
+        _pack_sample(s) for s in t.training_samples]
     return d
 
 
-def pack_trajectory(t: Trajectory) -> bytes:
-    return msgpack.packb(trajectory_dict(t), use_bin_type=True)
+def pack_trajectory(t: Trajectory, samples: bool = True) -> bytes:
+    return msgpack.packb(trajectory_dict(t, samples), use_bin_type=True)
 
 
 def pack_turn(t: Turn) -> bytes:

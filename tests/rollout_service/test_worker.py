@@ -121,10 +121,66 @@ async def test_a_slot_frees_when_its_episode_ends_while_its_result_is_written(se
     monkeypatch.setattr(RedisResults, "put", held)
     q, store = Queue(redis, keys), Store(redis, keys)
     b = await q.enqueue(RolloutRequest(tasks=[{"seed": i} for i in range(6)], env="math"))
-    with RunningWorker(settings, concurrency=2):
+    with RunningWorker(settings, concurrency=2):  # (no claims held ahead: see the next test)
         st = await wait_done(store, b.id, timeout=60)
     assert st.counts[TrajectoryState.completed] == 6
     assert most[0] == 4  # 2 episodes' slots were reused while their results waited; 2 x concurrency at most
+
+def test_claims_are_held_ahead_only_while_episodes_are_short_beside_a_claims_round_trip():
+    from types import SimpleNamespace
+
+    from rollout_service.worker import Worker
+
+    w = Worker(SimpleNamespace(lease_s=30.0), None, None, None, concurrency=8)
+    assert w.ahead() == 0  # nothing measured yet
+    w._claim_s.add(0.001)
+    w._episode_s.add(0.002)  # an instant engine: half the slots free up during one claim
+    assert w.ahead() == 8  # 2 x 8 x 0.5, at most `prefetch` (= concurrency by default)
+    w._episode_s.value = 0.016
+    assert w.ahead() == 1  # 2 x 8 x 1/16
+    w._episode_s.value = 2.0  # a real engine: nothing waits on the claim
+    assert w.ahead() == 0 and w.free_slots() == 8
+    w._episode_s.value = 0.002
+    w.prefetch = 3
+    assert w.ahead() == 3 and w.free_slots() == 11
+    assert Worker(SimpleNamespace(lease_s=30.0), None, None, None, concurrency=8, prefetch=0).ahead() == 0
+
+
+async def test_a_worker_holds_claims_ahead_of_instant_episodes_and_runs_each_once(settings, redis, keys, monkeypatch):
+    """Instant episodes: the worker holds more leases than it runs episodes (the next ones wait
+    for a slot, not for Redis), never runs more than `concurrency` at once, and every
+    trajectory completes once."""
+    from rollout_service import worker as worker_mod
+
+    held, running, most_running = [0], [0], [0]
+    real_run = worker_mod.run_episode
+
+    async def counted(*args, **kw):
+        running[0] += 1
+        most_running[0] = max(most_running[0], running[0])
+        try:
+            return await real_run(*args, **kw)
+        finally:
+            running[0] -= 1
+
+    real_free = worker_mod.Worker.free_slots
+
+    def free_slots(self):
+        held[0] = max(held[0], len(self._active) - len(self._writing))  # running, or claimed and waiting
+        return real_free(self)
+
+    monkeypatch.setattr(worker_mod, "run_episode", counted)
+    monkeypatch.setattr(worker_mod.Worker, "free_slots", free_slots)
+    q, store = Queue(redis, keys), Store(redis, keys)
+    b = await q.enqueue(RolloutRequest(tasks=[{"seed": i} for i in range(300)], env="math"))
+    engine = SimEngine("sim-0", seed=1, time_scale=1e-3)  # an episode sleeps ~0.6 ms: they overlap
+    with RunningWorker(settings, engines={"sim-0": (engine, "byte")}, concurrency=2):
+        st = await wait_done(store, b.id, timeout=120)
+    trajs, _ = await store.trajectories(b.id, 0, 400)
+    assert st.counts[TrajectoryState.completed] == 300 and len({t.id for t in trajs}) == 300
+    assert all(t.attempts == 1 and t.restarts == 0 for t in trajs)
+    assert most_running[0] == 2 and held[0] > 2
+
 
 def test_a_late_heartbeat_stretches_the_leases_and_the_stretch_wears_off():
     from rollout_service.worker import stretched_lease
