@@ -144,47 +144,73 @@ class Worker:
                     break
                 except UNAVAILABLE:
                     await backoff.wait()
+            pending: asyncio.Future | None = None  # a claim sent before the last claim's episodes started
             while not stop.is_set():
                 cancel_point()
                 for loop in (reaper, prober, beater):
                     if loop.done():
                         raise LoopDied(f"background loop {loop.get_coro().__name__} ended") from (
                             None if loop.cancelled() else loop.exception())
-                free = self.free_slots()
-                if not free:  # full: until a slot frees (O(1), however many run)
-                    self._slot_freed.clear()
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(1.0):
-                            await self._slot_freed.wait()
-                    continue
+                if pending is None:
+                    free = self.free_slots()
+                    if not free:  # full: until a slot frees (O(1), however many run)
+                        self._slot_freed.clear()
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(1.0):
+                                await self._slot_freed.wait()
+                        continue
+                    pending = asyncio.ensure_future(self._claim(free))
                 try:
-                    # As many as there are free slots: a GRPO group's members come together.
-                    sent = time.monotonic()
-                    claims = await self.queue.claim_many(self.id, min(free, CLAIM_MOST))
-                    self._claim_s.add(time.monotonic() - sent)
+                    claims = await pending
+                    pending = None
                     if not claims:
                         await self._wait_for_work(stop)
                 except UNAVAILABLE:
+                    pending = None
                     log.warning("Redis unavailable; waiting to claim work")
                     await backoff.wait()
                     continue
                 backoff.reset()
+                more = self.free_slots() - len(claims)
+                if claims and more > 0:  # claims held ahead: Redis takes the next ones while these run
+                    pending = asyncio.ensure_future(self._claim(more))
+                    # redis-py sends from a task of its own: one turn of the loop puts the send
+                    # ahead of these episodes (instant ones would run first, all of them).
+                    await asyncio.sleep(0)
                 for claim in claims:
                     task = asyncio.create_task(self._handle(claim))
                     self._active.add(task)
                     task.add_done_callback(self._ended)
         finally:
+            if pending is not None:  # claimed but never started: hand back now, uncharged
+                await self._give_back(pending)
             for t in (reaper, prober, beater, *self._active):
                 t.cancel()
             await asyncio.gather(*self._active, reaper, prober, beater, return_exceptions=True)
 
+    async def _claim(self, n: int) -> list[Claim]:
+        """Up to `n` (at most CLAIM_MOST) in one call: a GRPO group's members come together."""
+        sent = time.monotonic()
+        claims = await self.queue.claim_many(self.id, min(n, CLAIM_MOST))
+        self._claim_s.add(time.monotonic() - sent)
+        return claims
+
+    async def _give_back(self, pending: asyncio.Future) -> None:
+        """The worker stops with a claim in flight: what it claimed goes back to the queue now,
+        uncharged, rather than when its leases lapse (if Redis is away, they lapse instead)."""
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            claims = await asyncio.wait_for(asyncio.shield(pending), 5.0)
+            await asyncio.wait_for(asyncio.gather(*(self.queue.restart(c) for c in claims)), 5.0)
+        if not pending.done():
+            pending.cancel()
+
     def free_slots(self) -> int:
         """How many more trajectories to claim: `concurrency` run at once, and `ahead()` more wait
         for a slot; a slot frees when its episode ends, while its result is still being written
-        (at most `concurrency` writing)."""
-        ahead = self.ahead() if len(self._writing) < self.concurrency else 0  # results backing up: none
+        (at most as many again writing)."""
+        ahead = self.ahead()
         running = len(self._active) - len(self._writing)  # (and waiting for a slot)
-        return max(0, min(self.concurrency + ahead - running, 2 * self.concurrency + ahead - len(self._active)))
+        return max(0, min(self.concurrency + ahead - running, 2 * (self.concurrency + ahead) - len(self._active)))
 
     def ahead(self) -> int:
         """Claims to hold beyond the running episodes: as many slots as free up in two claim round

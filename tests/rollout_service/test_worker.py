@@ -182,6 +182,35 @@ async def test_a_worker_holds_claims_ahead_of_instant_episodes_and_runs_each_onc
     assert most_running[0] == 2 and held[0] > 2
 
 
+async def test_a_stopping_worker_hands_back_every_claim_it_holds_ahead(settings, redis, keys, monkeypatch):
+    """Stopped mid-batch with claims held ahead (some claimed and waiting for a slot, one claim
+    maybe in flight): nothing stays leased to it, nothing is charged an attempt, and a second
+    worker finishes the batch, each trajectory once."""
+    from rollout_service import worker as worker_mod
+
+    real_free, ahead_seen = worker_mod.Worker.free_slots, [0]
+
+    def free_slots(self):
+        ahead_seen[0] = max(ahead_seen[0], len(self._active) - len(self._writing) - self.concurrency)
+        return real_free(self)
+
+    monkeypatch.setattr(worker_mod.Worker, "free_slots", free_slots)
+    q, store = Queue(redis, keys), Store(redis, keys)
+    b = await q.enqueue(RolloutRequest(tasks=[{"seed": i} for i in range(3000)], env="math"))
+    engine = SimEngine("sim-0", seed=1, time_scale=1e-3)
+    with RunningWorker(settings, engines={"sim-0": (engine, "byte")}, concurrency=4):
+        while ahead_seen[0] < 1 or (await store.batch_status(b.id)).counts[TrajectoryState.completed] < 50:
+            await asyncio.sleep(0.01)
+    st = await store.batch_status(b.id)
+    assert st.counts[TrajectoryState.running] == 0 and await redis.zcard(keys.leases) == 0
+    assert st.counts[TrajectoryState.completed] < 3000  # stopped mid-batch
+    with RunningWorker(settings, concurrency=16):
+        st = await wait_done(store, b.id, timeout=120)
+    trajs, _ = await store.trajectories(b.id, 0, 4000)
+    assert st.counts[TrajectoryState.completed] == 3000 and len({t.id for t in trajs}) == 3000
+    assert all(t.attempts == 1 for t in trajs)
+
+
 def test_a_late_heartbeat_stretches_the_leases_and_the_stretch_wears_off():
     from rollout_service.worker import stretched_lease
 
