@@ -121,7 +121,7 @@ async def test_a_slot_frees_when_its_episode_ends_while_its_result_is_written(se
     monkeypatch.setattr(RedisResults, "put", held)
     q, store = Queue(redis, keys), Store(redis, keys)
     b = await q.enqueue(RolloutRequest(tasks=[{"seed": i} for i in range(6)], env="math"))
-    with RunningWorker(settings, concurrency=2):  # (no claims held ahead: see the next test)
+    with RunningWorker(settings, concurrency=2, prefetch=0):  # (no claims held ahead: see the next tests)
         st = await wait_done(store, b.id, timeout=60)
     assert st.counts[TrajectoryState.completed] == 6
     assert most[0] == 4  # 2 episodes' slots were reused while their results waited; 2 x concurrency at most
