@@ -31,6 +31,7 @@ call (`Queue.claim_many`: fair share across tenants, a GRPO group's members toge
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
@@ -79,6 +80,36 @@ def stretched_lease(base_s: float, previous_s: float, late_s: float) -> float:
     return min(max(base_s, previous_s * 0.9, 3 * late_s), 4 * base_s)
 
 
+class Slots:
+    """`n` slots, taken first come first served, in O(1) (`asyncio.Semaphore` looks at each of its
+    waiters to tell whether it is locked: with claims held ahead, dozens wait)."""
+
+    def __init__(self, n: int):
+        self.free = n
+        self._waiters: collections.deque[asyncio.Future] = collections.deque()
+
+    async def take(self) -> None:
+        if self.free > 0 and not self._waiters:
+            self.free -= 1
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():  # handed a slot as the cancel landed: pass it on
+                self.give()
+            raise
+
+    def give(self) -> None:
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():  # (a cancelled waiter is done)
+                fut.set_result(None)
+                return
+        self.free += 1
+
+
 class Ewma:
     """A moving average (each new value weighs `alpha`); None until the first value."""
 
@@ -105,7 +136,7 @@ class Worker:
         self.concurrency = concurrency
         # Claims held beyond `concurrency`, waiting for a slot (`ahead`): at most this many.
         self.prefetch = concurrency if prefetch is None else prefetch
-        self._slots = asyncio.Semaphore(concurrency)  # episodes running; FIFO, so claims start in order
+        self._slots = Slots(concurrency)  # episodes running; first come first served, so claims start in order
         self._claim_s = Ewma()  # a claim call's round trip
         self._episode_s = Ewma()  # an episode, from its slot to its end
         # Longest an idle worker blocks on the queue's wake list before looking again: bounds how
@@ -228,7 +259,7 @@ class Worker:
         if live.slot is not None:
             self._episode_s.add(time.monotonic() - live.slot)
             live.slot = None
-            self._slots.release()
+            self._slots.give()
         self._writing.add(live.task)
         self._slot_freed.set()
 
@@ -380,7 +411,7 @@ class Worker:
     async def _run(self, claim: Claim, work, live: _Live) -> None:
         """The episode, then its result, retry or restart written under the lease."""
         try:  # the episode runs in this task: the heartbeat loop cancels it here, with a verdict
-            await self._slots.acquire()
+            await self._slots.take()
             live.slot = time.monotonic()
             traj = await run_episode(work, self.fleet, self.envs, claim.attempt, self.lifecycle, claim.restarts,
                                      lambda turn: self._append_turn(claim, turn))

@@ -126,6 +126,27 @@ async def test_a_slot_frees_when_its_episode_ends_while_its_result_is_written(se
     assert st.counts[TrajectoryState.completed] == 6
     assert most[0] == 4  # 2 episodes' slots were reused while their results waited; 2 x concurrency at most
 
+async def test_slots_go_in_order_and_a_waiter_cancelled_as_it_gets_one_passes_it_on():
+    from rollout_service.worker import Slots
+
+    s = Slots(1)
+    await s.take()
+    a, b, c = (asyncio.create_task(s.take()) for _ in range(3))
+    await asyncio.sleep(0)
+    a.cancel()  # cancelled while waiting: skipped
+    await asyncio.sleep(0)
+    s.give()  # the slot goes to b, the first still waiting
+    await asyncio.sleep(0)
+    assert b.done() and not b.cancelled() and not c.done() and s.free == 0
+    s.give()  # handed to c...
+    c.cancel()  # ...as its cancel lands: c passes the slot on
+    with contextlib.suppress(asyncio.CancelledError):
+        await c
+    assert c.cancelled() and s.free == 1
+    await s.take()  # (taken at once)
+    assert s.free == 0
+
+
 def test_claims_are_held_ahead_only_while_episodes_are_short_beside_a_claims_round_trip():
     from types import SimpleNamespace
 
