@@ -3,10 +3,10 @@
 Each claimed trajectory runs as its own task; its slot frees when its episode ends, so the
 next claim overlaps the result's write (`free_slots`). Where episodes are as short as a claim's
 round trip (a fast engine), the worker also holds a few claims ahead (`ahead`), so a slot that
-frees starts its next episode at once instead of waiting on Redis. One heartbeat loop per worker extends every
-lease the worker holds in one round trip (`Queue.heartbeat_many`), so 100k trajectories in
-flight cost a few calls a period, not 100k; a beat that runs late (a busy event loop)
-extends them for longer (`stretched_lease`). The heartbeat also carries cancellation: when
+frees starts its next episode at once instead of waiting on Redis. One heartbeat loop per
+worker extends every lease the worker holds in one round trip (`Queue.heartbeat_many`), so
+100k trajectories in flight cost a few calls a period, not 100k; a beat that runs late (a busy
+event loop) extends them for longer (`stretched_lease`). The heartbeat also carries cancellation: when
 the batch is cancelled the episode is cancelled and recorded as such. Each turn the episode
 goes on after is recorded under the lease as it finishes (`Queue.append_turn`), so a crash
 loses at most the turn in progress (the last turn comes with the result). If the lease is
