@@ -216,11 +216,13 @@ async def test_a_stopping_worker_hands_back_every_claim_it_holds_ahead(settings,
         return real_free(self)
 
     monkeypatch.setattr(worker_mod.Worker, "free_slots", free_slots)
+    monkeypatch.setattr(worker_mod.Worker, "ahead", lambda self: 4)  # (the rule itself: the test above)
     q, store = Queue(redis, keys), Store(redis, keys)
     b = await q.enqueue(RolloutRequest(tasks=[{"seed": i} for i in range(3000)], env="math"))
     engine = SimEngine("sim-0", seed=1, time_scale=1e-3)
     with RunningWorker(settings, engines={"sim-0": (engine, "byte")}, concurrency=4):
         while ahead_seen[0] < 1 or (await store.batch_status(b.id)).counts[TrajectoryState.completed] < 50:
+            assert (await store.batch_status(b.id)).finished_at is None, "the batch ended before the stop"
             await asyncio.sleep(0.01)
     st = await store.batch_status(b.id)
     assert st.counts[TrajectoryState.running] == 0 and await redis.zcard(keys.leases) == 0
