@@ -48,7 +48,7 @@ ZSTD = b"\x28\xb5\x2f\xfd"  # a zstd frame's magic number
 FAST_LEVEL, LARGE_LEVEL, LARGE = 3, 16, 16 * 1024
 
 
-_local = threading.local()  # a compressor per thread and level: making one costs ~7x compressing 2 KB
+_local = threading.local()  # a compressor per thread and level: making one costs more than compressing 2 KB
 
 
 def compress(packed: bytes, level: int = FAST_LEVEL) -> bytes:
