@@ -96,7 +96,7 @@ def judge(sim: dict[int, float], est: dict[int, float]) -> tuple[list[float], fl
 
 
 COLUMNS = (("forecast", "our forecast"), ("true_demand", "the true demand"),
-             ("closed_loop", "our forecast, closed-loop estimate"))
+           ("closed_loop", "our forecast, closed-loop estimate"))
 
 
 def line(cell: dict, run: dict) -> str:

@@ -43,7 +43,7 @@ from rollout_service.engines.base import EngineLost
 from rollout_service.engines.fleet import Fleet
 from rollout_service.rollout import run_episode
 from scheduler.connection import REDIS_FAULT, UNAVAILABLE, Backoff, cancel_point
-from scheduler.forecast import Forecaster
+from scheduler.forecast import Forecaster, Mean
 from scheduler.keys import batch_of
 from scheduler.lifecycle import Lifecycle
 from scheduler.queue import LEASE_LOST, LEASE_OK, Claim, LeaseLost, Queue
@@ -110,16 +110,6 @@ class Slots:
         self.free += 1
 
 
-class Ewma:
-    """A moving average (each new value weighs `alpha`); None until the first value."""
-
-    def __init__(self, alpha: float = 0.1):
-        self.alpha, self.value = alpha, None
-
-    def add(self, x: float) -> None:
-        self.value = x if self.value is None else self.value + self.alpha * (x - self.value)
-
-
 class LoopDied(RuntimeError):
     """A background loop of the worker ended: the process must exit so it is restarted."""
 
@@ -137,8 +127,8 @@ class Worker:
         # Claims held beyond `concurrency`, waiting for a slot (`ahead`): at most this many.
         self.prefetch = concurrency if prefetch is None else prefetch
         self._slots = Slots(concurrency)  # episodes running; first come first served, so claims start in order
-        self._claim_s = Ewma()  # a claim call's round trip
-        self._episode_s = Ewma()  # an episode, from its slot to its end
+        self._claim_s = Mean(cap=10)  # a claim call's round trip (recent: the last ~10 weigh most)
+        self._episode_s = Mean(cap=10)  # an episode, from its slot to its end
         # Longest an idle worker blocks on the queue's wake list before looking again: bounds how
         # late it notices a dead background loop; new work wakes it at once.
         self.idle_wait_s = idle_wait_s
@@ -249,7 +239,7 @@ class Worker:
         its next episode without waiting on Redis. Episodes of milliseconds (a fast engine) keep
         up to `prefetch` ahead; episodes of seconds keep none, so no worker sits on work another
         could run."""
-        if not self.prefetch or self._claim_s.value is None or self._episode_s.value is None:
+        if not self.prefetch or not self._claim_s.n or not self._episode_s.n:
             return 0
         want = 2 * self.concurrency * self._claim_s.value / max(self._episode_s.value, 1e-6)
         return min(self.prefetch, int(want + 0.5))

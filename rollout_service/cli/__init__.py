@@ -47,7 +47,7 @@ from rollout_service.cli.processes import (
     cmd_worker,
 )
 from rollout_service.cli.replay import cmd_replay
-from scheduler.allocator import ESTIMATES
+from scheduler.allocator import ESTIMATES, AllocatorConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "decide, publish engine roles (draining first) to the registry.")
     sp.add_argument("--every-s", type=float, default=5.0, help="seconds between decisions (default 5)")
     sp.add_argument("--dwell-s", type=float, default=30.0, help="least time an engine keeps a role (default 30)")
-    sp.add_argument("--estimate", choices=ESTIMATES, default="throughput",
+    sp.add_argument("--estimate", choices=ESTIMATES, default=AllocatorConfig().estimate,
                     help="how a layout is priced: the time its prefill and decode sides need (default), or the "
                          "turn rate its closed loop of trajectories sustains (closer to the simulator on dense "
                          "models, not a better guide there: benchmarks/sim/README.md)")
