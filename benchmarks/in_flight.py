@@ -73,6 +73,7 @@ async def run_worker(concurrency: int, turn_s: float, seed: int) -> None:
     from env_workers.client import LocalEnvs
     from rollout_service.config import Settings
     from rollout_service.engines.fleet import Fleet
+    from rollout_service.runtime import tune_gc
     from rollout_service.worker import Worker
     from scheduler.connection import connect
     from scheduler.keys import Keys
@@ -89,6 +90,7 @@ async def run_worker(concurrency: int, turn_s: float, seed: int) -> None:
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    tune_gc()
     await worker.run(stop)
 
 

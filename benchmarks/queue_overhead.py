@@ -3,7 +3,9 @@
 Runs the same N single-turn `math` episodes against an instant simulated engine twice,
 side by side in one process: (a) `run_episode` called directly, (b) through the service
 path (Redis queue, lease, worker, result write, event). Prints trajectories/s for both
-(medians), their ratio and the added time per trajectory, and writes JSON.
+(medians), their ratio and the added time per trajectory, and writes JSON. The process's
+garbage collector is set up as `rollout worker` sets up its own (`rollout_service.runtime`),
+for both paths alike.
 
     python benchmarks/queue_overhead.py --n 2000 --concurrency 32
 """
@@ -25,6 +27,7 @@ from env_workers.client import LocalEnvs
 from rollout_service.engines.fleet import Fleet
 from rollout_service.engines.sim import SimEngine
 from rollout_service.rollout import run_episode
+from rollout_service.runtime import tune_gc
 from rollout_service.worker import Worker
 from scheduler.keys import Keys
 from scheduler.queue import Queue
@@ -73,6 +76,7 @@ async def service(n: int, concurrency: int, redis_url: str) -> float:
 
 async def measure(n: int, concurrency: int, redis_url: str, repeats: int) -> tuple[float, float]:
     """Median seconds of `repeats` direct and service runs, interleaved so drift hits both alike."""
+    tune_gc()
     d_runs, s_runs = [], []
     for _ in range(repeats):
         d_runs.append(await direct(n, concurrency))

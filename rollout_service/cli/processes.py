@@ -18,15 +18,19 @@ def cmd_gateway(args) -> None:
 
     from rollout_service import logs
     from rollout_service.app import create_app
+    from rollout_service.runtime import tune_gc
 
     logs.configure("gateway")
     s = Settings.from_env(host=args.host, port=args.port)
-    uvicorn.run(create_app(s), host=s.host, port=s.port, log_level="warning", log_config=None)
+    app = create_app(s)
+    tune_gc()
+    uvicorn.run(app, host=s.host, port=s.port, log_level="warning", log_config=None)
 
 
 def cmd_worker(args) -> None:
     from env_workers.client import RemoteEnvs
     from rollout_service.engines.fleet import Fleet
+    from rollout_service.runtime import tune_gc
     from rollout_service.worker import Worker
     from scheduler.connection import connect
     from scheduler.keys import Keys
@@ -41,6 +45,7 @@ def cmd_worker(args) -> None:
 
     logs.configure("worker")
     policy = make_policy(s.routing)  # an unknown name fails here, at start
+    tune_gc()
 
     async def main() -> None:
         r = connect(s.redis_url)
