@@ -3,7 +3,8 @@
 Each claimed trajectory runs as its own task; its slot frees when its episode ends, so the
 next claim overlaps the result's write (`free_slots`). Where episodes are as short as a claim's
 round trip (a fast engine), the worker also holds a few claims ahead (`ahead`), so a slot that
-frees starts its next episode at once instead of waiting on Redis. One heartbeat loop per
+frees starts its next episode at once instead of waiting on Redis; it claims them half at a time,
+so one claim is in flight while the last one's episodes run. One heartbeat loop per
 worker extends every lease the worker holds in one round trip (`Queue.heartbeat_many`), so
 100k trajectories in flight cost a few calls a period, not 100k; a beat that runs late (a busy
 event loop) extends them for longer (`stretched_lease`). The heartbeat also carries cancellation: when
@@ -210,7 +211,13 @@ class Worker:
             await asyncio.gather(*self._active, reaper, prober, beater, return_exceptions=True)
 
     async def _claim(self, n: int) -> list[Claim]:
-        """Up to `n` (at most CLAIM_MOST) in one call: a GRPO group's members come together."""
+        """Up to `n` (at most CLAIM_MOST) in one call: a GRPO group's members come together.
+        With claims held ahead, at most half of what may be held: the next claim goes out as
+        this one's episodes start, so one is always in flight (taking all of it in one call, a
+        worker ran every episode it held, then waited on Redis for the finishes and the next claim)."""
+        ahead = self.ahead()
+        if ahead:
+            n = min(n, max((self.concurrency + ahead) // 2, 1))
         sent = time.monotonic()
         claims = await self.queue.claim_many(self.id, min(n, CLAIM_MOST))
         self._claim_s.add(time.monotonic() - sent)

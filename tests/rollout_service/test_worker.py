@@ -203,6 +203,38 @@ async def test_a_worker_holds_claims_ahead_of_instant_episodes_and_runs_each_onc
     assert most_running[0] == 2 and held[0] > 2
 
 
+async def test_with_claims_held_ahead_the_next_claim_goes_out_while_episodes_are_still_to_run(
+        settings, redis, keys, monkeypatch):
+    """Instant episodes: a claim takes at most half of what may be held, so the next one is sent
+    as its episodes start and Redis answers it while they run. (Taking everything in one call, a
+    worker ran every episode it held, then sat waiting on Redis with nothing to run.)"""
+    from rollout_service import worker as worker_mod
+
+    started, overlaps = [0], []
+    real_claim, real_run = worker_mod.Worker._claim, worker_mod.run_episode
+
+    async def counted(*args, **kw):
+        started[0] += 1
+        return await real_run(*args, **kw)
+
+    async def claim(self, n):
+        before = started[0]
+        got = await real_claim(self, n)
+        overlaps.append(started[0] - before)  # episodes that started while this claim was in flight
+        return got
+
+    monkeypatch.setattr(worker_mod, "run_episode", counted)
+    monkeypatch.setattr(worker_mod.Worker, "_claim", claim)
+    monkeypatch.setattr(worker_mod.Worker, "ahead", lambda self: 8)  # (the rule itself: the test above)
+    q, store = Queue(redis, keys), Store(redis, keys)
+    b = await q.enqueue(RolloutRequest(tasks=[{"seed": i} for i in range(2000)], env="math"))
+    with RunningWorker(settings, engines={"sim-0": (SimEngine("sim-0", seed=1), "byte")}, concurrency=8):
+        st = await wait_done(store, b.id, timeout=120)
+    assert st.counts[TrajectoryState.completed] == 2000
+    overlapped = sum(n > 0 for n in overlaps[1:])
+    assert len(overlaps) > 100 and overlapped >= 0.5 * (len(overlaps) - 1), (overlapped, len(overlaps))  # before: none
+
+
 async def test_a_stopping_worker_hands_back_every_claim_it_holds_ahead(settings, redis, keys, monkeypatch):
     """Stopped mid-batch with claims held ahead (some claimed and waiting for a slot, one claim
     maybe in flight): nothing stays leased to it, nothing is charged an attempt, and a second
