@@ -258,22 +258,22 @@ return out
 """
 
 TURN = """
--- ARGV: prefix, then (tid, token, turn index, packed turn) per turn (a worker's turns of one
--- moment, in one call). Returns per turn 0 lease lost, 1 recorded, -1 out of order
+-- ARGV: prefix, then a worker's turns of one moment (one call) as one msgpack array, each
+-- {tid, token, turn index, packed turn}. Returns per turn 0 lease lost, 1 recorded, -1 out of order
 local out = {}
-for i = 2, #ARGV, 4 do
-  local tkey = ARGV[1] .. 'traj:' .. ARGV[i]
+for _, it in ipairs(cmsgpack.unpack(ARGV[2])) do
+  local tkey = ARGV[1] .. 'traj:' .. it[1]
   local f = redis.call('HMGET', tkey, 'token', 'state')
-  if f[1] ~= ARGV[i + 1] or f[2] ~= 'running' then
+  if f[1] ~= it[2] or f[2] ~= 'running' then
     out[#out + 1] = 0
   else
     local lkey = tkey .. ':turns'
-    local n, k = redis.call('LLEN', lkey), tonumber(ARGV[i + 2])
+    local n, k = redis.call('LLEN', lkey), it[3]
     if k == n then
-      redis.call('RPUSH', lkey, ARGV[i + 3])
+      redis.call('RPUSH', lkey, it[4])
       out[#out + 1] = 1
     elseif k < n then
-      redis.call('LSET', lkey, k, ARGV[i + 3])  -- the same turn again (a write retried after a timeout)
+      redis.call('LSET', lkey, k, it[4])  -- the same turn again (a write retried after a timeout)
       out[#out + 1] = 1
     else
       out[#out + 1] = -1
@@ -284,26 +284,26 @@ return out
 """
 
 FINISH = FINISH_FN + """
--- ARGV: prefix, then 10 per trajectory (a worker's finishes of one moment, in one call): tid,
--- token, new_state, result, reward, failure, now, ready ms (retry back-off), counter to charge on
--- a requeue ('attempts': the trajectory's retry budget; 'restarts': our fault; ''), and the stats
--- counted with the finish as 'field=n,field=n' ('' for none), in the same step: a reader that
--- sees the terminal event sees its tokens and prefill times counted too.
+-- ARGV: prefix, then a worker's finishes of one moment (one call) as one msgpack array, 10 per
+-- trajectory: tid, token, new_state, result, reward, failure, now, ready ms (retry back-off),
+-- counter to charge on a requeue ('attempts': the trajectory's retry budget; 'restarts': our
+-- fault; ''), and the stats counted with the finish as 'field=n,field=n' ('' for none), in the
+-- same step: a reader that sees the terminal event sees its tokens and prefill times counted too.
 -- Returns one 1 (recorded) or 0 (the token no longer holds the lease) per trajectory.
 local p = ARGV[1]
 local out = {}
-for i = 2, #ARGV, 10 do
-  local tid, result = ARGV[i], ARGV[i + 3]
+for _, it in ipairs(cmsgpack.unpack(ARGV[2])) do
+  local tid, result = it[1], it[4]
   local tkey = p .. 'traj:' .. tid
   local ok = 0
-  if redis.call('HGET', tkey, 'token') == ARGV[i + 1] then
-    ok = finish(p, tid, ARGV[i + 2], result, ARGV[i + 4], ARGV[i + 5], ARGV[i + 6], ARGV[i + 7])
-    if ok == 1 and ARGV[i + 8] ~= '' then
-      redis.call('HINCRBY', tkey, ARGV[i + 8], 1)
-      redis.call('HINCRBY', p .. 'stats', ARGV[i + 8], 1)
+  if redis.call('HGET', tkey, 'token') == it[2] then
+    ok = finish(p, tid, it[3], result, it[5], it[6], it[7], it[8])
+    if ok == 1 and it[9] ~= '' then
+      redis.call('HINCRBY', tkey, it[9], 1)
+      redis.call('HINCRBY', p .. 'stats', it[9], 1)
     end
     if ok == 1 then
-      for field, n in string.gmatch(ARGV[i + 9], '([^=,]+)=([^,]+)') do
+      for field, n in string.gmatch(it[10], '([^=,]+)=([^,]+)') do
         redis.call('HINCRBY', p .. 'stats', field, n)
       end
     end

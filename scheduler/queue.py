@@ -34,6 +34,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
+import msgpack
 import redis.asyncio as aioredis
 
 from scheduler import lua
@@ -110,10 +111,12 @@ class Queue:
         self._claim = redis.register_script(lua.CLAIM)
         self._heartbeat = redis.register_script(lua.HEARTBEAT)
         # Turns and finishes that come in the same moment go to Redis as one script call each.
+        # Their items go as one msgpack argument, which the script decodes (Lua's cmsgpack): redis-py
+        # encodes each argument in Python, ten a finish. (`bin` off: cmsgpack reads strings only.)
         turn = redis.register_script(lua.TURN)
-        self._turns = Coalesced(lambda items: turn(args=[self.k.prefix, *(x for it in items for x in it)]))
+        self._turns = Coalesced(lambda items: turn(args=[self.k.prefix, msgpack.packb(items, use_bin_type=False)]))
         finish = redis.register_script(lua.FINISH)
-        self._finishes = Coalesced(lambda items: finish(args=[self.k.prefix, *(x for it in items for x in it)]))
+        self._finishes = Coalesced(lambda items: finish(args=[self.k.prefix, msgpack.packb(items, use_bin_type=False)]))
         self._reap = redis.register_script(lua.REAP)
         self._release = redis.register_script(lua.RELEASE)
         self._cancel = redis.register_script(lua.CANCEL)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import time
+
 import pytest
 
 from scheduler.queue import LeaseLost, Queue
@@ -80,6 +82,20 @@ async def test_expired_lease_is_reclaimed_by_another_worker(queue, store):
 def turn(i: int, engine: str = "e0") -> Turn:
     return Turn(index=i, prompt_ids=[1, 2], output_ids=[3 + i], output_logprobs=[-0.5], finish_reason="stop",
                 policy_version=0, engine_id=engine)
+
+
+async def test_a_finish_sent_again_after_its_reply_was_lost_reads_as_recorded_and_counts_once(queue, store, redis, keys):
+    b = await queue.enqueue(request(1, 2))
+    c = await queue.claim("w1")
+    t = finished(c.trajectory_id, reward=0.5)
+    assert await queue.complete(c, t)
+    assert await queue.complete(c, t)  # the very same write again: recorded already, not a loser's
+    st = await store.batch_status(b.id)
+    assert st.counts[TrajectoryState.completed] == 1 and st.finished_at is None
+    assert int(await redis.hget(keys.batch(b.id), "n_done")) == 1
+    assert int(await redis.hget(keys.stats, "finished:completed")) == 1
+    finished_at = float(await redis.hget(keys.traj(c.trajectory_id), "finished_at"))
+    assert abs(finished_at - time.time()) < 60  # a time, as the worker sent it
 
 
 async def test_a_running_trajectory_shows_its_recorded_turns(queue, store, redis, keys):
