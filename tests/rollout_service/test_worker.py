@@ -220,7 +220,8 @@ async def test_with_claims_held_ahead_the_next_claim_goes_out_while_episodes_are
     async def claim(self, n):
         before = started[0]
         got = await real_claim(self, n)
-        overlaps.append(started[0] - before)  # episodes that started while this claim was in flight
+        if got:  # (an idle worker's claims, woken by stale wakes at the end, find nothing)
+            overlaps.append(started[0] - before)  # episodes that started while this claim was in flight
         return got
 
     monkeypatch.setattr(worker_mod, "run_episode", counted)
@@ -232,7 +233,7 @@ async def test_with_claims_held_ahead_the_next_claim_goes_out_while_episodes_are
         st = await wait_done(store, b.id, timeout=120)
     assert st.counts[TrajectoryState.completed] == 2000
     overlapped = sum(n > 0 for n in overlaps[1:])
-    assert len(overlaps) > 100 and overlapped >= 0.5 * (len(overlaps) - 1), (overlapped, len(overlaps))  # before: none
+    assert len(overlaps) > 100 and overlapped >= 0.9 * (len(overlaps) - 1), (overlapped, len(overlaps))  # before: none
 
 
 async def test_a_stopping_worker_hands_back_every_claim_it_holds_ahead(settings, redis, keys, monkeypatch):
