@@ -110,16 +110,18 @@ class Queue:
         self._enqueue = redis.register_script(lua.ENQUEUE)
         self._claim = redis.register_script(lua.CLAIM)
         self._heartbeat = redis.register_script(lua.HEARTBEAT)
-        # Turns and finishes that come in the same moment go to Redis as one script call each.
-        # Their items go as one msgpack argument, which the script decodes (Lua's cmsgpack): redis-py
-        # encodes each argument in Python, ten a finish. (`bin` off: cmsgpack reads strings only.)
-        turn = redis.register_script(lua.TURN)
-        self._turns = Coalesced(lambda items: turn(args=[self.k.prefix, msgpack.packb(items, use_bin_type=False)]))
-        finish = redis.register_script(lua.FINISH)
-        self._finishes = Coalesced(lambda items: finish(args=[self.k.prefix, msgpack.packb(items, use_bin_type=False)]))
+        self._turns = self._coalesced(lua.TURN)
+        self._finishes = self._coalesced(lua.FINISH)
         self._reap = redis.register_script(lua.REAP)
         self._release = redis.register_script(lua.RELEASE)
         self._cancel = redis.register_script(lua.CANCEL)
+
+    def _coalesced(self, source: str) -> Coalesced:
+        """Calls of the script made in the same moment go to Redis as one call, their items as one
+        msgpack argument that the script decodes (Lua's cmsgpack): redis-py encodes each argument
+        in Python, ten a finish. (`bin` off: cmsgpack reads strings only.)"""
+        script = self.r.register_script(source)
+        return Coalesced(lambda items: script(args=[self.k.prefix, msgpack.packb(items, use_bin_type=False)]))
 
     def _deadline_ms(self, lease_s: float | None = None) -> int:
         return int((time.time() + (self.lease_s if lease_s is None else lease_s)) * 1000)
