@@ -32,6 +32,7 @@ import json
 import secrets
 import time
 import uuid
+from bisect import bisect_left
 from dataclasses import dataclass
 
 import msgpack
@@ -56,6 +57,7 @@ from wire.packed import pack_trajectory, pack_turn
 # Upper bounds (s) of the per-turn prefill histogram, counted in `{p}stats` as `prefill:{bound}`
 # (and `prefill:inf`) when a trajectory completes; `rollout_service.metrics` exports it.
 PREFILL_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_PREFILL_KEYS = (*(f"prefill:{b}" for b in PREFILL_BUCKETS_S), "prefill:inf")  # a bucket: the first bound >= the time
 
 # What `heartbeat_many` says of each lease, and how many it renews per script call.
 LEASE_LOST, LEASE_OK, BATCH_CANCELLED = 0, 1, 2
@@ -226,17 +228,17 @@ class Queue:
         # state without its result. A lost race leaves a blob nobody recorded: drop it.
         stored = await compress_result(pack_trajectory(traj, samples=False))
         recorded = await self.results.put(batch_of(claim.trajectory_id), claim.trajectory_id, claim.token, stored)
-        counts: dict[str, int] = {
-            "tokens:sampled": sum(len(t.output_ids) for t in traj.turns),
-            "tokens:prompt": sum(len(t.prompt_ids) for t in traj.turns),
-            "prefill_sum_us": 0,
-        }
+        sampled = prompt = prefill_us = 0
+        buckets: dict[str, int] = {}
         for t in traj.turns:  # the prefill histogram: one bucket per turn, and the sum
+            sampled += len(t.output_ids)
+            prompt += len(t.prompt_ids)
             s = t.timings.prefill_s
-            bucket = f"prefill:{next((b for b in PREFILL_BUCKETS_S if s <= b), 'inf')}"
-            counts[bucket] = counts.get(bucket, 0) + 1
-            counts["prefill_sum_us"] += round(s * 1e6)
-        stats = ",".join(f"{k}={n}" for k, n in counts.items())
+            key = _PREFILL_KEYS[bisect_left(PREFILL_BUCKETS_S, s)]
+            buckets[key] = buckets.get(key, 0) + 1
+            prefill_us += round(s * 1e6)
+        stats = f"tokens:sampled={sampled},tokens:prompt={prompt},prefill_sum_us={prefill_us}" + "".join(
+            f",{k}={n}" for k, n in buckets.items())
         got = await self._finishes.submit([claim.trajectory_id, claim.token, traj.state.value, recorded, reward,
                                            failure, time.time(), 0, "", stats])
         if not got:

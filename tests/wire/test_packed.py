@@ -10,6 +10,8 @@ import pytest
 
 from trainer_client.tensors import as_numpy, as_torch
 from wire import Trajectory, TrajectoryPage, TrajectoryState, Turn
+from wire.base import FunctionCall, Message, ToolCall
+from wire.batches import Failure, FailureKind
 from wire.packed import (
     PackedTrajectory,
     pack_trajectory,
@@ -44,6 +46,25 @@ def test_round_trip_is_exact_for_float32_logprobs_and_int32_ids():
     assert doc["turns"][0]["prompt_ids"] == struct.pack("<3i", 1, 2, 151_000)  # little-endian int32, as documented
     assert doc["turns"][0]["output_logprobs"] == struct.pack("<2f", -0.5, -0.25)
     assert set(doc) == set(Trajectory.model_fields)  # the JSON form's keys, no more, no fewer
+
+
+def test_every_field_but_the_token_arrays_is_what_the_json_form_has():
+    # packed from the models' fields directly, not through model_dump: nested models, enums and
+    # free-form values must come out as the JSON form has them
+    t = traj([turn(0, [1], [2], [-1.0]), turn(1, [3], [4], [-2.0], segment=1)]).model_copy(update={
+        "state": TrajectoryState.failed, "failure": Failure(kind=FailureKind.env, message="boom"),
+        "messages": [Message(role="assistant", content="hi", tool_calls=[
+            ToolCall(id="c1", function=FunctionCall(name="f", arguments="{}"))]),
+            Message(role="tool", content="ok", tool_call_id="c1")],
+        "task": {"q": (1, 2), "n": None}, "info": {"nested": {"t": (3.5, "x")}, "raw": b"ab"}, "attempts": 2, "active_s": 1.25})
+    t.turns[0].timings.prefill_s, t.turns[1].tool_failure = 0.125, "timeout"
+    arrays = {"prompt_ids", "output_ids", "output_logprobs"}
+    doc, want = msgpack.unpackb(pack_trajectory(t, samples=False)), t.model_dump(mode="json")
+    assert [{k: v for k, v in x.items() if k not in arrays} for x in doc.pop("turns")] == [
+        {k: v for k, v in x.items() if k not in arrays} for x in want.pop("turns")]
+    assert doc == want
+    assert {k: v for k, v in msgpack.unpackb(pack_turn(t.turns[1])).items() if k not in arrays} == {
+        k: v for k, v in t.turns[1].model_dump(mode="json").items() if k not in arrays}
 
 
 def test_a_float64_logprob_is_rounded_to_float32():
