@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from scheduler.queue import PREFILL_BUCKETS_S, Queue
+from scheduler.queue import PREFILL_BUCKETS_S, PREFILL_KEYS, Queue
 from scheduler.registry import Registry
 
 
@@ -60,9 +60,9 @@ class _RedisCollector:
                 fams[what].add_metric([label], n)
         yield from fams.values()
         cumulative, buckets = 0, []
-        for bound in (*PREFILL_BUCKETS_S, "inf"):
-            cumulative += s.stats.get(f"prefill:{bound}", 0)
-            buckets.append(("+Inf" if bound == "inf" else str(bound), cumulative))
+        for bound, key in zip((*PREFILL_BUCKETS_S, "+Inf"), PREFILL_KEYS):
+            cumulative += s.stats.get(key, 0)
+            buckets.append((str(bound), cumulative))
         yield HistogramMetricFamily("rollout_turn_prefill_seconds", "Time to first token of each turn of "
                                     "finished trajectories", buckets=buckets,
                                     sum_value=s.stats.get("prefill_sum_us", 0) / 1e6)

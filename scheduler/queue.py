@@ -57,7 +57,7 @@ from wire.packed import pack_trajectory, pack_turn
 # Upper bounds (s) of the per-turn prefill histogram, counted in `{p}stats` as `prefill:{bound}`
 # (and `prefill:inf`) when a trajectory completes; `rollout_service.metrics` exports it.
 PREFILL_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-_PREFILL_KEYS = (*(f"prefill:{b}" for b in PREFILL_BUCKETS_S), "prefill:inf")  # a bucket: the first bound >= the time
+PREFILL_KEYS = (*(f"prefill:{b}" for b in PREFILL_BUCKETS_S), "prefill:inf")  # a turn counts in the first bound >= its time
 
 # What `heartbeat_many` says of each lease, and how many it renews per script call.
 LEASE_LOST, LEASE_OK, BATCH_CANCELLED = 0, 1, 2
@@ -234,7 +234,7 @@ class Queue:
             sampled += len(t.output_ids)
             prompt += len(t.prompt_ids)
             s = t.timings.prefill_s
-            key = _PREFILL_KEYS[bisect_left(PREFILL_BUCKETS_S, s)]
+            key = PREFILL_KEYS[bisect_left(PREFILL_BUCKETS_S, s)]
             buckets[key] = buckets.get(key, 0) + 1
             prefill_us += round(s * 1e6)
         stats = f"tokens:sampled={sampled},tokens:prompt={prompt},prefill_sum_us={prefill_us}" + "".join(
