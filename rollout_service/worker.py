@@ -317,12 +317,13 @@ class Worker:
         """Run a token-guarded queue write, riding out a Redis outage for up to one lease
         (after that the lease has lapsed and the reaper owns the trajectory). None: gave up."""
         deadline = time.monotonic() + self.queue.lease_s
-        backoff = Backoff()
+        backoff = None  # (made on the first failure: nearly every write succeeds at once)
         while True:
             cancel_point()
             try:
                 return await call()
             except UNAVAILABLE:
+                backoff = backoff or Backoff()
                 if time.monotonic() > deadline:
                     log.warning("Redis away for a whole lease; the reaper will requeue",
                                 extra={"trajectory_id": claim.trajectory_id, "write": what})

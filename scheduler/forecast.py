@@ -35,6 +35,9 @@ from dataclasses import dataclass, field
 from scheduler.lifecycle import Change, Phase, Track
 
 TURN_BUCKETS = 16  # turns past this share one bucket: late turns are few and alike
+# The phases as plain names for the per-transition path: on Python 3.11 reading an enum member off
+# its class costs ~60 ns, a dozen of them a transition (three transitions a trajectory at least)
+_PREFILLING, _DECODING, _TOOL, _DONE = Phase.prefilling, Phase.decoding, Phase.tool, Phase.done
 
 
 @dataclass(slots=True)
@@ -197,34 +200,49 @@ class ForecastError:
 
 
 class RecentTurns:
-    """The turns of the last `window_s` seconds, as measured: sums over a sliding window."""
+    """The turns of the last `window_s` seconds, as measured: sums over a sliding window, kept in
+    `BUCKETS` time buckets (the window's edge is a bucket wide). A record per turn, kept for the
+    window, cost a live worker 2 objects a turn held for 20 s: at 4,000 turns a second, 160k
+    records for the garbage collector to look at (benchmarks/queue_overhead.py)."""
 
     MIN_TURNS = 8  # fewer and the means are noise: report 0 (unknown)
+    BUCKETS = 64
 
     def __init__(self, window_s: float):
         self.window_s = window_s
-        self._events: deque = deque()  # (t, kind, value, extra); kinds: 0 prefill, 1 response, 2 tool
-        self._sum = [[0.0, 0.0, 0.0] for _ in range(3)]  # per kind: count, Σ value, Σ extra
+        self._width = window_s / self.BUCKETS
+        # [bucket index, then per kind (0 prefill, 1 response, 2 tool): count, Σ value, Σ extra]
+        self._buckets: deque[list] = deque()
+        self._sum = [0.0] * 9  # the buckets' sums, per kind as in a bucket
 
     def clear(self) -> None:
-        self._events.clear()
-        self._sum = [[0.0, 0.0, 0.0] for _ in range(3)]
+        self._buckets.clear()
+        self._sum = [0.0] * 9
 
     def _add(self, now: float, kind: int, value: float, extra: float = 0.0) -> None:
-        self._events.append((now, kind, value, extra))
-        s = self._sum[kind]
-        s[0] += 1
-        s[1] += value
-        s[2] += extra
-        self._expire(now)
+        i = now // self._width
+        buckets = self._buckets
+        if not buckets or i > buckets[-1][0]:  # (a clock that steps back adds to the last bucket)
+            buckets.append([i, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+            self._expire(now)
+        b, s, k = buckets[-1], self._sum, 3 * kind
+        b[k + 1] += 1
+        b[k + 2] += value
+        b[k + 3] += extra
+        s[k] += 1
+        s[k + 1] += value
+        s[k + 2] += extra
 
     def _expire(self, now: float) -> None:
-        while self._events and self._events[0][0] < now - self.window_s:
-            _, kind, value, extra = self._events.popleft()
-            s = self._sum[kind]
-            s[0] -= 1
-            s[1] -= value
-            s[2] -= extra
+        """Drop the buckets that end before the window starts."""
+        first = (now - self.window_s) // self._width  # the bucket the window starts in
+        buckets, s = self._buckets, self._sum
+        while buckets and buckets[0][0] < first:
+            b = buckets.popleft()
+            for j in range(9):
+                s[j] -= b[j + 1]
+        if not buckets:  # (no drift left behind)
+            self._sum = [0.0] * 9
 
     def prefill(self, now: float, tokens: float, attends: float) -> None:
         """A turn's prefill of `tokens`, attending on average to `attends` tokens of context."""
@@ -240,7 +258,7 @@ class RecentTurns:
         """`Demand`'s per-turn fields: prefill tokens, the context they attend to, response tokens
         and tool seconds per turn (a turn begins with its prefill); zeros while too few are seen."""
         self._expire(now)
-        (n_p, s_p, s_a), (n_r, s_r, _), (_, s_t, _) = self._sum
+        n_p, s_p, s_a, n_r, s_r, _, _, s_t, _ = self._sum
         if n_p < self.MIN_TURNS or n_r < self.MIN_TURNS:
             return dict.fromkeys(("turn_prefill", "turn_prefix", "turn_response", "tool_s"), 0.0)
         return {"turn_prefill": s_p / n_p, "turn_prefix": s_a / s_p if s_p > 0 else 0.0,
@@ -298,52 +316,53 @@ class Forecaster:
         return ts
 
     def observe(self, ch: Change) -> None:
-        t = ch.track
+        t, new, old, now = ch.track, ch.new, ch.old, ch.now
         s = self._env(t.env)
         learn = self.learn
-        if ch.new is Phase.prefilling and ch.old is Phase.tool:
-            if learn:
-                s.stepped[min(t.turn - 1, TURN_BUCKETS - 1)] += 1
-                ts = self._tool(t.env, t.tool)
-                ts.latency.add(ch.now - ch.old_since)
-                ts.observation.add(ch.tokens)
-                last = self._arrived.get(t.id)
-                if last is not None:
-                    s.period.add(ch.now - last)
-            self._prefill_actual.append((ch.now, ch.tokens))
-            self._open_turn[t.id] = ch.now
-        if ch.new is Phase.prefilling:
-            self._arrived[t.id] = ch.now
-            self.recent.prefill(ch.now, ch.tokens, t.context_tokens - ch.tokens / 2)
-            if ch.old is Phase.tool:
-                self.recent.tool(ch.now, ch.now - ch.old_since)
-        elif ch.new is Phase.tool or (ch.new is Phase.done and ch.old in (Phase.decoding, Phase.prefilling)):
+        if new is _PREFILLING:
+            if old is _TOOL:
+                if learn:
+                    s.stepped[min(t.turn - 1, TURN_BUCKETS - 1)] += 1
+                    ts = self._tool(t.env, t.tool)
+                    ts.latency.add(now - ch.old_since)
+                    ts.observation.add(ch.tokens)
+                    last = self._arrived.get(t.id)
+                    if last is not None:
+                        s.period.add(now - last)
+                self._prefill_actual.append((now, ch.tokens))
+                self._open_turn[t.id] = now
+            self._arrived[t.id] = now
+            self.recent.prefill(now, ch.tokens, t.context_tokens - ch.tokens / 2)
+            if old is _TOOL:
+                self.recent.tool(now, now - ch.old_since)
+        elif new is _TOOL or (new is _DONE and (old is _DECODING or old is _PREFILLING)):
             self._learn_response(t, s, ch)
-        if ch.new is Phase.done:
-            if learn and ch.old in (Phase.tool, Phase.decoding):
+        if new is _DONE:
+            if learn and (old is _TOOL or old is _DECODING):
                 b = min(t.turn, TURN_BUCKETS - 1)
                 s.stepped[b] += 1
                 s.ended[b] += 1
             if learn:
-                s.duration.add(ch.now - t.submitted_at)
+                s.duration.add(now - t.submitted_at)
             self._open_turn.pop(t.id, None)
             self._arrived.pop(t.id, None)
 
     def _learn_response(self, t: Track, s: EnvStats, ch: Change) -> None:
-        self.recent.response(ch.now, ch.tokens)
+        tokens = ch.tokens
+        self.recent.response(ch.now, tokens)
         m = s.response[min(t.turn, TURN_BUCKETS - 1)]
         predicted = m.get(self.prior.response_tokens)
-        self._resp_abs += abs(predicted - ch.tokens)
-        self._resp_total += ch.tokens
+        self._resp_abs += abs(predicted - tokens)
+        self._resp_total += tokens
         self._resp_n += 1
         if self.learn:
-            m.add(ch.tokens)
+            m.add(tokens)
             self._learned += 1
-            if ch.old is Phase.decoding and ch.now > ch.old_since:
-                self._speed.add(ch.tokens / (ch.now - ch.old_since))
+            if ch.old is _DECODING and ch.now > ch.old_since:
+                self._speed.add(tokens / (ch.now - ch.old_since))
         arrived = self._open_turn.pop(t.id, None)
         if arrived is not None:
-            self._decode_actual.append((arrived, ch.tokens))
+            self._decode_actual.append((arrived, tokens))
 
     # --- the statistics, as the forecast uses them ---------------------------------------
     def response_tokens(self, env: str, turn: int) -> float:

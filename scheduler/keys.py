@@ -44,8 +44,8 @@ from dataclasses import dataclass
 
 
 def trajectory_id(batch_id: str, group: int, sample: int) -> str:
-    """A trajectory's id, `{batch}-{group}-{sample}`: written here, read back by `batch_of`
-    (batch ids are hex, without '-')."""
+    """A trajectory's id, `{batch}-{group}-{sample}`: read back by `batch_of` (batch ids are hex,
+    without '-'). The enqueue script (`scheduler.lua.ENQUEUE`) names a batch's trajectories the same way."""
     return f"{batch_id}-{group}-{sample}"
 
 

@@ -34,6 +34,9 @@ class Phase(str, Enum):
     done = "done"
 
 
+# The phases as plain names for the per-transition path (an enum member read off its class costs
+# ~60 ns on Python 3.11)
+_QUEUED, _PREFILLING, _DECODING, _TOOL, _DONE = Phase.queued, Phase.prefilling, Phase.decoding, Phase.tool, Phase.done
 _ALL_LIVE = frozenset({Phase.queued, Phase.prefilling, Phase.decoding, Phase.tool})
 TRANSITIONS: dict[Phase, frozenset[Phase]] = {
     Phase.queued: frozenset({Phase.prefilling, Phase.done}),
@@ -112,15 +115,15 @@ class Lifecycle:
             raise IllegalTransition(f"trajectory {tid} is already live")
         if len(self._live) >= self.max_live:
             raise OverflowError(f"lifecycle holds {self.max_live} live trajectories already")
-        t = Track(tid, env, Phase.queued, now, now, prompt_tokens=prompt_tokens, pending_prefill=prompt_tokens,
+        t = Track(tid, env, _QUEUED, now, now, prompt_tokens=prompt_tokens, pending_prefill=prompt_tokens,
                   turn_arrived_at=now)
         self._live[tid] = t
         return t
 
     def on_prefill(self, tid: str, tokens: int, now: float | None = None) -> None:
         """This turn's request (prompt delta of `tokens`) reaches the engines."""
-        t, old, old_since, now = self._move(tid, Phase.prefilling, now)
-        if old is Phase.tool:
+        t, old, old_since, now = self._move(tid, _PREFILLING, now)
+        if old is _TOOL:
             t.turn += 1
         t.pending_prefill = tokens
         t.context_tokens += tokens
@@ -128,21 +131,21 @@ class Lifecycle:
         self._emit(t, old, now, old_since, tokens)
 
     def on_decode(self, tid: str, now: float | None = None) -> None:
-        t, old, old_since, now = self._move(tid, Phase.decoding, now)
+        t, old, old_since, now = self._move(tid, _DECODING, now)
         t.pending_prefill = 0
         self._emit(t, old, now, old_since, 0)
 
     def on_tool(self, tid: str, response_tokens: int, now: float | None = None, tool: str | None = None) -> None:
         """The response is sampled (`response_tokens`); the environment step starts."""
-        t, old, old_since, now = self._move(tid, Phase.tool, now)
+        t, old, old_since, now = self._move(tid, _TOOL, now)
         self._respond(t, response_tokens)
         t.tool = tool
         self._emit(t, old, now, old_since, response_tokens)
 
     def on_done(self, tid: str, now: float | None = None, response_tokens: int = 0) -> None:
         """The trajectory ends (from decoding: its last response had `response_tokens`)."""
-        t, old, old_since, now = self._move(tid, Phase.done, now)
-        if old in (Phase.decoding, Phase.prefilling):
+        t, old, old_since, now = self._move(tid, _DONE, now)
+        if old is _DECODING or old is _PREFILLING:
             self._respond(t, response_tokens)
         del self._live[tid]
         self.finished += 1

@@ -135,8 +135,9 @@ end
 
 ENQUEUE = _SHARE_FN + _RANK_FN + """
 -- ARGV: prefix, idem_key ('' for none), bid, params json, now, total, tenant, max open (0: no cap),
--- weight, max running (0: no cap), priority, longest first ('1'/'0'), env,
--- then tid, group, sample, task...  Returns {bid, 1} created, {bid, 0} existing, {'', -1, open} over quota
+-- weight, max running (0: no cap), priority, longest first ('1'/'0'), env, group size,
+-- then each group's task (JSON). Returns {bid, 1} created, {bid, 0} existing, {'', -1, open} over quota.
+-- A trajectory's id is `{bid}-{group}-{sample}`, groups and samples from 0 (scheduler.keys.trajectory_id).
 local p = ARGV[1]
 if ARGV[2] ~= '' then
   local existing = redis.call('GET', p .. 'idem:' .. ARGV[2])
@@ -156,13 +157,24 @@ redis.call('HSET', bkey, 'state', 'queued', 'params', ARGV[4], 'created_at', ARG
 redis.call('ZADD', p .. 'batches', ARGV[5], bid)
 redis.call('ZADD', p .. 'tenant:' .. tenant .. ':batches', ARGV[5], bid)
 redis.call('HSET', share_key(p, tenant), 'weight', ARGV[9], 'cap', ARGV[10])  -- the gateway's current policy
-for i = 14, #ARGV, 4 do
-  local tid = ARGV[i]
-  redis.call('HSET', p .. 'traj:' .. tid, 'state', 'queued', 'batch', bid, 'group', ARGV[i + 1],
-             'sample', ARGV[i + 2], 'task', ARGV[i + 3], 'attempts', 0)
-  redis.call('RPUSH', bkey .. ':trajs', tid)
-  redis.call('RPUSH', bkey .. ':ready', tid)
+local size = tonumber(ARGV[14])
+local ids = {}
+local function push()  -- the ids in order, a few hundred to a call (Lua's stack bounds unpack)
+  redis.call('RPUSH', bkey .. ':trajs', unpack(ids))
+  redis.call('RPUSH', bkey .. ':ready', unpack(ids))
+  ids = {}
 end
+for i = 15, #ARGV do
+  local g = i - 15
+  for s = 0, size - 1 do
+    local tid = bid .. '-' .. g .. '-' .. s
+    redis.call('HSET', p .. 'traj:' .. tid, 'state', 'queued', 'batch', bid, 'group', g, 'sample', s,
+               'task', ARGV[i], 'attempts', 0)
+    ids[#ids + 1] = tid
+    if #ids == 500 then push() end
+  end
+end
+if #ids > 0 then push() end
 redis.call('INCRBY', p .. 'queued', ARGV[6])
 redis.call('ZADD', p .. 'tenant:' .. tenant .. ':ready', r, bid)
 rescore(p, tenant)

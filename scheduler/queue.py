@@ -41,7 +41,7 @@ import redis.asyncio as aioredis
 from scheduler import lua
 from scheduler.connection import Coalesced, durable
 from scheduler.jobs import IllegalTransition, check_transition
-from scheduler.keys import Keys, batch_of, trajectory_id
+from scheduler.keys import Keys, batch_of
 from scheduler.results import RedisResults, ResultStore, compress_result
 from wire import (
     BatchCreated,
@@ -142,11 +142,7 @@ class Queue:
         args: list[str | int | float] = [
             self.k.prefix, f"{tenant}:{req.idempotency_key}" if req.idempotency_key else "", bid, params,
             time.time(), req.num_trajectories, tenant, max_open, weight, max_running, req.priority,
-            "1" if self.longest_first else "0", req.env]
-        for g, task in enumerate(req.tasks):
-            task_json = json.dumps(task)
-            for s in range(req.group_size):
-                args += [trajectory_id(bid, g, s), g, s, task_json]
+            "1" if self.longest_first else "0", req.env, req.group_size, *map(json.dumps, req.tasks)]
         got_bid, created, *open_now = await durable(self.r, self._enqueue, args, self.replicas)
         if created < 0:
             raise QuotaExceeded(tenant, int(open_now[0]), req.num_trajectories, max_open)

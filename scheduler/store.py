@@ -33,6 +33,8 @@ from wire.packed import pack_trajectory, unpack, unpack_trajectory, unpack_turn
 if TYPE_CHECKING:
     from scheduler.queue import Claim
 
+_EVENT_KEYS = ("tid", "state", "reward", "failure")  # a terminal event's fields (scheduler.lua, FINISH)
+_EVENT_KEYS_B = tuple(k.encode() for k in _EVENT_KEYS)
 PARAMS_CACHED = 1024  # batches whose parameters a Store keeps parsed (least recently used go first)
 
 
@@ -187,18 +189,19 @@ class Store:
         out: list[tuple[str, TrajectoryEvent | None]] = []
         for _stream, entries in got or []:
             for eid, f in entries:
-                f = {_s(k): _s(v) for k, v in f.items()}
-                eid = _s(eid)
-                if f["state"] == "batch_done":
+                if isinstance(eid, bytes):  # (a client that decodes replies gives str)
+                    eid = eid.decode()
+                    tid, state, reward, failure = (f[k].decode() for k in _EVENT_KEYS_B)
+                else:
+                    tid, state, reward, failure = (f[k] for k in _EVENT_KEYS)
+                if state == "batch_done":
                     out.append((eid, None))
                     continue
                 ms, n = eid.split("-")
-                out.append((eid, TrajectoryEvent.model_construct(  # (typed here: a reader takes thousands a second)
-                    trajectory_id=f["tid"], state=TrajectoryState(f["state"]),
-                    reward=float(f["reward"]) if f["reward"] else None,
-                    failure=Failure.model_validate_json(f["failure"]) if f["failure"] else None,
-                    seq=int(ms) * 1000 + int(n),
-                )))
+                # validated: pydantic-core builds it faster than `model_construct` (1.3 against 2.3 µs)
+                out.append((eid, TrajectoryEvent(
+                    trajectory_id=tid, state=state, reward=float(reward) if reward else None,
+                    failure=Failure.model_validate_json(failure) if failure else None, seq=int(ms) * 1000 + int(n))))
         return out
 
     async def work(self, tid: str, claim: Claim | None = None) -> Work:

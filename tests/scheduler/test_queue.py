@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from scheduler.keys import batch_of, trajectory_id
 from scheduler.queue import LeaseLost, Queue
 from scheduler.store import Store
 from scheduler.jobs import IllegalTransition
@@ -40,6 +41,19 @@ async def test_enqueue_expands_tasks_times_group(queue, store):
     page, nxt = await store.trajectories(b.id, 0, 5)
     assert [t.id for t in page] == [f"{b.id}-0-0", f"{b.id}-0-1", f"{b.id}-0-2", f"{b.id}-0-3", f"{b.id}-1-0"]
     assert nxt == 5
+
+
+async def test_enqueue_names_and_lists_every_trajectory_as_the_keys_define(queue, store, redis, keys):
+    """The script names the trajectories (`trajectory_id`) and lists them in a few pushes: 301 groups
+    of 2 cross a push's 500 ids; each has its own group, sample and task."""
+    b = await queue.enqueue(request(301, 2))
+    want = [trajectory_id(b.id, g, s) for g in range(301) for s in range(2)]
+    assert [x.decode() for x in await redis.lrange(keys.batch_trajs(b.id), 0, -1)] == want
+    assert [x.decode() for x in await redis.lrange(keys.batch_ready(b.id), 0, -1)] == want
+    assert {batch_of(t) for t in want} == {b.id} and await queue.depth() == 602
+    for g, s in ((0, 0), (249, 1), (250, 0), (300, 1)):
+        w = await store.work(trajectory_id(b.id, g, s))
+        assert (w.batch_id, w.group_index, w.sample_index, w.task) == (b.id, g, s, {"seed": g})
 
 
 async def test_same_idempotency_key_returns_same_batch(queue, store, redis, keys):
