@@ -201,9 +201,8 @@ class ForecastError:
 
 class RecentTurns:
     """The turns of the last `window_s` seconds, as measured: sums over a sliding window, kept in
-    `BUCKETS` time buckets (the window's edge is a bucket wide). A record per turn, kept for the
-    window, cost a live worker 2 objects a turn held for 20 s: at 4,000 turns a second, 160k
-    records for the garbage collector to look at (benchmarks/queue_overhead.py)."""
+    `BUCKETS` time buckets (the window's edge is a bucket wide): a fixed few, where a record per
+    turn held a worker's 160k at 4,000 turns a second (two a turn, for 20 s)."""
 
     MIN_TURNS = 8  # fewer and the means are noise: report 0 (unknown)
     BUCKETS = 64
