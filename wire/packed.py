@@ -32,6 +32,7 @@ Example:
 
 from __future__ import annotations
 
+import struct
 import sys
 from array import array
 from typing import Any
@@ -54,10 +55,18 @@ _SWAP = sys.byteorder != "little"  # the wire is little-endian; so is every mach
 
 
 def _pack(code: str, values: Any) -> bytes:
-    a = array(code, values)
-    if _SWAP:
-        a.byteswap()
-    return a.tobytes()
+    """`values` as little-endian `code` items. `struct` takes a list 1.3-2x faster than `array`
+    does; where it refuses (a float beyond float32's range, an int beyond int32's), `array` gives
+    what it always gave (±inf; OverflowError)."""
+    if not isinstance(values, (list, tuple)):
+        values = list(values)
+    try:
+        return struct.pack(f"<{len(values)}{code}", *values)
+    except (struct.error, OverflowError):
+        a = array(code, values)
+        if _SWAP:
+            a.byteswap()
+        return a.tobytes()
 
 
 def _unpack(code: str, raw: bytes) -> list:

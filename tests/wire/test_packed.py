@@ -14,6 +14,8 @@ from wire.base import FunctionCall, Message, ToolCall
 from wire.batches import Failure, FailureKind
 from wire.packed import (
     PackedTrajectory,
+    pack_floats,
+    pack_ints,
     pack_trajectory,
     pack_turn,
     page_bytes,
@@ -76,6 +78,14 @@ def test_a_float64_logprob_is_rounded_to_float32():
 def test_a_token_id_outside_int32_is_refused():
     with pytest.raises(OverflowError):
         pack_trajectory(traj([turn(0, [2**31], [1], [-1.0])]))
+
+
+def test_a_logprob_beyond_float32_packs_as_infinity_and_any_iterable_packs():
+    """Where `struct` refuses a value, the packed bytes are `array`'s: ±inf for a float32 overflow."""
+    t = traj([turn(0, [1], [2, 3, 4], [-1e39, float("-inf"), -0.5])])
+    assert unpack(unpack_trajectory(pack_trajectory(t))).turns[0].output_logprobs == [float("-inf")] * 2 + [-0.5]
+    assert pack_floats([1e39]) == np.array([np.inf], "<f4").tobytes()
+    assert pack_ints(range(3)) == pack_ints((0, 1, 2)) == np.arange(3, dtype="<i4").tobytes()
 
 
 def test_packed_samples_match_the_json_forms_samples_segment_by_segment():
