@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from scheduler.lifecycle import Change, Phase, Track
 
 TURN_BUCKETS = 16  # turns past this share one bucket: late turns are few and alike
-# The phases as plain names for the per-transition path: on Python 3.11 reading an enum member off
-# its class costs ~60 ns, a dozen of them a transition (three transitions a trajectory at least)
+# The phases as plain names for the per-transition and per-track paths: on Python 3.11 reading an
+# enum member off its class costs ~60 ns, a dozen of them a transition (three a trajectory at least)
 _PREFILLING, _DECODING, _TOOL, _DONE = Phase.prefilling, Phase.decoding, Phase.tool, Phase.done
 
 
@@ -397,15 +397,15 @@ class Forecaster:
             n += 1
             ctx += t.context_tokens
             ts = self._tool(t.env, t.tool)
-            if t.phase is Phase.tool:
+            if t.phase is _TOOL:
                 elapsed = now - t.since
                 p = ts.latency.returns_within(elapsed, h, self.prior.tool_latency_s)
                 first = max(ts.latency.mean(self.prior.tool_latency_s) - elapsed, 0.0)
                 seqs += p
             else:
                 m = self.response_tokens(t.env, t.turn)
-                left = m if t.phase is not Phase.decoding else max(m - (now - t.since) * speed, 0.25 * m)
-                if t.phase is Phase.decoding:
+                left = m if t.phase is not _DECODING else max(m - (now - t.since) * speed, 0.25 * m)
+                if t.phase is _DECODING:
                     d_back += min(left, within)
                 else:
                     p_back += t.pending_prefill
@@ -424,7 +424,7 @@ class Forecaster:
             starts = min(first, h / 2)  # when it starts decoding: given that it comes, about midway
             weight = p * (1.0 - self.end_prob(t.env, turn))
             # the conversation the next observation follows: what it holds, and the response still to come
-            before = t.context_tokens + (0.0 if t.phase is Phase.tool else left)
+            before = t.context_tokens + (0.0 if t.phase is _TOOL else left)
             ending += p * self.end_prob(t.env, t.turn) * before  # it ends after this step
             while weight > 0.01:
                 turn += 1
