@@ -136,7 +136,8 @@ end
 ENQUEUE = _SHARE_FN + _RANK_FN + """
 -- ARGV: prefix, idem_key ('' for none), bid, params json, now, total, tenant, max open (0: no cap),
 -- weight, max running (0: no cap), priority, longest first ('1'/'0'), env, group size,
--- then each group's task (JSON). Returns {bid, 1} created, {bid, 0} existing, {'', -1, open} over quota.
+-- then the groups' tasks as one msgpack array of JSON strings (one argument: redis-py encodes
+-- each argument in Python, ~1 µs apiece, 10,000 a batch of 10,000 groups). Returns {bid, 1} created, {bid, 0} existing, {'', -1, open} over quota.
 -- A trajectory's id is `{bid}-{group}-{sample}`, groups and samples from 0 (scheduler.keys.trajectory_id).
 local p = ARGV[1]
 if ARGV[2] ~= '' then
@@ -164,12 +165,12 @@ local function push()  -- the ids in order, a few hundred to a call (Lua's stack
   redis.call('RPUSH', bkey .. ':ready', unpack(ids))
   ids = {}
 end
-for i = 15, #ARGV do
-  local g = i - 15
+for i, task in ipairs(cmsgpack.unpack(ARGV[15])) do
+  local g = i - 1
   for s = 0, size - 1 do
     local tid = bid .. '-' .. g .. '-' .. s
     redis.call('HSET', p .. 'traj:' .. tid, 'state', 'queued', 'batch', bid, 'group', g, 'sample', s,
-               'task', ARGV[i], 'attempts', 0)
+               'task', task, 'attempts', 0)
     ids[#ids + 1] = tid
     if #ids == 500 then push() end
   end

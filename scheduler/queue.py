@@ -142,7 +142,8 @@ class Queue:
         args: list[str | int | float] = [
             self.k.prefix, f"{tenant}:{req.idempotency_key}" if req.idempotency_key else "", bid, params,
             time.time(), req.num_trajectories, tenant, max_open, weight, max_running, req.priority,
-            "1" if self.longest_first else "0", req.env, req.group_size, *map(json.dumps, req.tasks)]
+            "1" if self.longest_first else "0", req.env, req.group_size,
+            msgpack.packb(list(map(json.dumps, req.tasks)), use_bin_type=False)]  # (cmsgpack reads strings only)
         got_bid, created, *open_now = await durable(self.r, self._enqueue, args, self.replicas)
         if created < 0:
             raise QuotaExceeded(tenant, int(open_now[0]), req.num_trajectories, max_open)
