@@ -376,35 +376,33 @@ class Worker:
 
     async def _handle(self, claim: Claim) -> None:
         tid = claim.trajectory_id
+        me = asyncio.current_task()
         older = self._handlers.get(tid)
-        self._handlers[tid] = asyncio.current_task()
+        self._handlers[tid] = me
         try:
             if older is not None and not older.done():  # its lease is gone: the new claim supersedes it
                 log.warning("claimed again while an older episode still ran; dropping the older one",
                             extra={"trajectory_id": tid})
                 older.cancel()
                 await asyncio.wait({older})
-            await self._handle_claim(claim)
+            try:
+                work = await self.store.work(tid, claim)
+            except REDIS_FAULT as e:  # Redis away or failing over between claim and load: not the trajectory's
+                await self._restart(claim, f"cannot load: {e!r}")
+                return
+            except Exception as e:  # unreadable spec: record it, never loop on it
+                log.exception("cannot load trajectory", extra={"trajectory_id": tid})
+                await self._write(claim, "complete", lambda: self.queue.complete(
+                    claim, _failed_stub(claim, FailureKind.internal, f"cannot load: {e!r}")))
+                return
+            live = self._live[claim.token] = _Live(claim, me)
+            try:
+                await self._run(claim, work, live)
+            finally:
+                del self._live[claim.token]  # heartbeated until its result is written, not only while it runs
         finally:
-            if self._handlers.get(tid) is asyncio.current_task():
+            if self._handlers.get(tid) is me:
                 del self._handlers[tid]
-
-    async def _handle_claim(self, claim: Claim) -> None:
-        try:
-            work = await self.store.work(claim.trajectory_id, claim)
-        except REDIS_FAULT as e:  # Redis away or failing over between claim and load: not the trajectory's
-            await self._restart(claim, f"cannot load: {e!r}")
-            return
-        except Exception as e:  # unreadable spec: record it, never loop on it
-            log.exception("cannot load trajectory", extra={"trajectory_id": claim.trajectory_id})
-            await self._write(claim, "complete", lambda: self.queue.complete(
-                claim, _failed_stub(claim, FailureKind.internal, f"cannot load: {e!r}")))
-            return
-        live = self._live[claim.token] = _Live(claim, asyncio.current_task())
-        try:
-            await self._run(claim, work, live)
-        finally:
-            del self._live[claim.token]  # heartbeated until its result is written, not only while it runs
 
     async def _run(self, claim: Claim, work, live: _Live) -> None:
         """The episode, then its result, retry or restart written under the lease."""
@@ -449,7 +447,6 @@ class Worker:
             delay = min(self.retry_backoff_s * 2 ** (claim.attempt - 1), 30.0)
             await self._write(claim, "retry", lambda: self.queue.retry(claim, delay_s=delay))
             return
-        traj.restarts = claim.restarts
         if await self._write(claim, "complete", lambda: self.queue.complete(claim, traj)):
             self.finished += 1
             if log.isEnabledFor(logging.INFO):  # (the fields cost a little: a worker finishes thousands a second)

@@ -236,7 +236,8 @@ class Queue:
             prefill_us += round(s * 1e6)
         stats = f"tokens:sampled={sampled},tokens:prompt={prompt},prefill_sum_us={prefill_us}" + "".join(
             f",{k}={n}" for k, n in buckets.items())
-        got = await self._finishes.submit([claim.trajectory_id, claim.token, traj.state.value, recorded, reward,
+        # (the state as itself: a str enum, which msgpack writes as its value)
+        got = await self._finishes.submit([claim.trajectory_id, claim.token, traj.state, recorded, reward,
                                            failure, time.time(), 0, "", stats])
         if not got:
             await self.results.discard(recorded)

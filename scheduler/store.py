@@ -33,8 +33,6 @@ from wire.packed import pack_trajectory, unpack, unpack_trajectory, unpack_turn
 if TYPE_CHECKING:
     from scheduler.queue import Claim
 
-_EVENT_KEYS = ("tid", "state", "reward", "failure")  # a terminal event's fields (scheduler.lua, FINISH)
-_EVENT_KEYS_B = tuple(k.encode() for k in _EVENT_KEYS)
 PARAMS_CACHED = 1024  # batches whose parameters a Store keeps parsed (least recently used go first)
 
 
@@ -191,9 +189,10 @@ class Store:
             for eid, f in entries:
                 if isinstance(eid, bytes):  # (a client that decodes replies gives str)
                     eid = eid.decode()
-                    tid, state, reward, failure = (f[k].decode() for k in _EVENT_KEYS_B)
+                    tid, state, reward, failure = (f[b"tid"].decode(), f[b"state"].decode(), f[b"reward"].decode(),
+                                                   f[b"failure"].decode())
                 else:
-                    tid, state, reward, failure = (f[k] for k in _EVENT_KEYS)
+                    tid, state, reward, failure = f["tid"], f["state"], f["reward"], f["failure"]
                 if state == "batch_done":
                     out.append((eid, None))
                     continue
