@@ -49,8 +49,11 @@ class Mean:
     cap: float = 500.0
 
     def add(self, x: float) -> None:
-        self.n = min(self.n + 1.0, self.cap)
-        self.value += (x - self.value) / self.n
+        n = self.n + 1.0
+        if n > self.cap:  # (not min(): a builtin call costs more than the rest of this; several a turn)
+            n = self.cap
+        self.n = n
+        self.value += (x - self.value) / n
 
     def get(self, prior: float) -> float:
         return self.value if self.n else prior
@@ -202,7 +205,8 @@ class ForecastError:
 class RecentTurns:
     """The turns of the last `window_s` seconds, as measured: sums over a sliding window, kept in
     `BUCKETS` time buckets (the window's edge is a bucket wide): a fixed few, where a record per
-    turn held a worker's 160k at 4,000 turns a second (two a turn, for 20 s)."""
+    turn held a worker's 160k at 4,000 turns a second (two a turn, for 20 s). A turn adds to its
+    bucket only; the window's sums are taken when read (`fields`, every few seconds)."""
 
     MIN_TURNS = 8  # fewer and the means are noise: report 0 (unknown)
     BUCKETS = 64
@@ -210,54 +214,59 @@ class RecentTurns:
     def __init__(self, window_s: float):
         self.window_s = window_s
         self._width = window_s / self.BUCKETS
-        # [bucket index, then per kind (0 prefill, 1 response, 2 tool): count, Σ value, Σ extra]
+        # [bucket index, prefill count, Σ tokens, Σ tokens x context attended, response count,
+        #  Σ tokens, (unused), tool count, Σ seconds, (unused)]
         self._buckets: deque[list] = deque()
-        self._sum = [0.0] * 9  # the buckets' sums, per kind as in a bucket
 
     def clear(self) -> None:
         self._buckets.clear()
-        self._sum = [0.0] * 9
 
-    def _add(self, now: float, kind: int, value: float, extra: float = 0.0) -> None:
+    def _bucket(self, now: float) -> list:
         i = now // self._width
         buckets = self._buckets
-        if not buckets or i > buckets[-1][0]:  # (a clock that steps back adds to the last bucket)
-            buckets.append([i, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
-            self._expire(now)
-        b, s, k = buckets[-1], self._sum, 3 * kind
-        b[k + 1] += 1
-        b[k + 2] += value
-        b[k + 3] += extra
-        s[k] += 1
-        s[k + 1] += value
-        s[k + 2] += extra
+        if buckets and i <= buckets[-1][0]:  # (a clock that steps back adds to the last bucket)
+            return buckets[-1]
+        b = [i, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+        buckets.append(b)
+        self._expire(now)
+        return b
 
     def _expire(self, now: float) -> None:
         """Drop the buckets that end before the window starts."""
         first = (now - self.window_s) // self._width  # the bucket the window starts in
-        buckets, s = self._buckets, self._sum
+        buckets = self._buckets
         while buckets and buckets[0][0] < first:
-            b = buckets.popleft()
-            for j in range(9):
-                s[j] -= b[j + 1]
-        if not buckets:  # (no drift left behind)
-            self._sum = [0.0] * 9
+            buckets.popleft()
 
     def prefill(self, now: float, tokens: float, attends: float) -> None:
         """A turn's prefill of `tokens`, attending on average to `attends` tokens of context."""
-        self._add(now, 0, tokens, tokens * attends)
+        b = self._bucket(now)
+        b[1] += 1
+        b[2] += tokens
+        b[3] += tokens * attends
 
     def response(self, now: float, tokens: float) -> None:
-        self._add(now, 1, tokens)
+        b = self._bucket(now)
+        b[4] += 1
+        b[5] += tokens
 
     def tool(self, now: float, seconds: float) -> None:
-        self._add(now, 2, seconds)
+        b = self._bucket(now)
+        b[7] += 1
+        b[8] += seconds
 
     def fields(self, now: float) -> dict[str, float]:
         """`Demand`'s per-turn fields: prefill tokens, the context they attend to, response tokens
         and tool seconds per turn (a turn begins with its prefill); zeros while too few are seen."""
         self._expire(now)
-        n_p, s_p, s_a, n_r, s_r, _, _, s_t, _ = self._sum
+        n_p = s_p = s_a = n_r = s_r = s_t = 0.0
+        for b in self._buckets:
+            n_p += b[1]
+            s_p += b[2]
+            s_a += b[3]
+            n_r += b[4]
+            s_r += b[5]
+            s_t += b[8]
         if n_p < self.MIN_TURNS or n_r < self.MIN_TURNS:
             return dict.fromkeys(("turn_prefill", "turn_prefix", "turn_response", "tool_s"), 0.0)
         return {"turn_prefill": s_p / n_p, "turn_prefix": s_a / s_p if s_p > 0 else 0.0,
@@ -316,7 +325,7 @@ class Forecaster:
 
     def observe(self, ch: Change) -> None:
         t, new, old, now = ch.track, ch.new, ch.old, ch.now
-        s = self._env(t.env)
+        s = self._envs.get(t.env) or self._env(t.env)
         learn = self.learn
         if new is _PREFILLING:
             if old is _TOOL:

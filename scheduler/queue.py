@@ -40,7 +40,7 @@ import redis.asyncio as aioredis
 
 from scheduler import lua
 from scheduler.connection import Coalesced, durable
-from scheduler.jobs import IllegalTransition, check_transition
+from scheduler.jobs import TRANSITIONS, IllegalTransition
 from scheduler.keys import Keys, batch_of
 from scheduler.results import RedisResults, ResultStore, compress_result
 from wire import (
@@ -58,6 +58,9 @@ from wire.packed import pack_trajectory, pack_turn
 # (and `prefill:inf`) when a trajectory completes; `rollout_service.metrics` exports it.
 PREFILL_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 PREFILL_KEYS = (*(f"prefill:{b}" for b in PREFILL_BUCKETS_S), "prefill:inf")  # a turn counts in the first bound >= its time
+
+# The states `complete` records: the terminal ones a running trajectory may reach (`scheduler.jobs`).
+_FINISHED = frozenset(s for s in TRANSITIONS[TrajectoryState.running] if s.terminal)
 
 # What `heartbeat_many` says of each lease, and how many it renews per script call.
 LEASE_LOST, LEASE_OK, BATCH_CANCELLED = 0, 1, 2
@@ -78,10 +81,6 @@ class Claim:
     group_index: int = 0
     sample_index: int = 0
     task: str | None = None  # JSON, as stored
-
-
-def _str(v: bytes | str) -> str:
-    return v.decode() if isinstance(v, bytes) else v
 
 
 class LeaseLost(Exception):
@@ -164,12 +163,10 @@ class Queue:
             return []
         got = await self._claim(args=[self.k.prefix, self._deadline_ms(), secrets.token_hex(8), worker_id,
                                       time.time(), n])
-        out = []
-        for i in range(0, len(got), 8):
-            tid, attempt, restarts, token, bid, group, sample, task = got[i:i + 8]
-            out.append(Claim(_str(tid), _str(token), int(attempt), int(restarts), _str(bid), int(group), int(sample),
-                             _str(task)))
-        return out
+        text = bytes.decode if got and isinstance(got[0], bytes) else str  # (a client that decodes replies gives str)
+        it = iter(got)
+        return [Claim(text(tid), text(token), int(attempt), int(restarts), text(bid), int(group), int(sample), text(task))
+                for tid, attempt, restarts, token, bid, group, sample, task in zip(it, it, it, it, it, it, it, it)]
 
     async def wait(self, timeout_s: float) -> bool:
         """Block until work may have become ready (a submission, a requeue, a slot freed under a
@@ -216,9 +213,8 @@ class Queue:
 
     async def complete(self, claim: Claim, traj: Trajectory) -> bool:
         """Record a terminal trajectory. False if someone else finished it first."""
-        if not traj.state.terminal:  # running -> queued is retry(), not complete()
+        if traj.state not in _FINISHED:  # running -> queued is retry(), not complete()
             raise IllegalTransition(f"complete() needs a terminal state, got {traj.state.value}")
-        check_transition(TrajectoryState.running, traj.state)
         failure = traj.failure.model_dump_json() if traj.failure else ""
         reward = "" if traj.reward is None else repr(traj.reward)
         # The result is kept first and recorded by the script: a reader never sees a terminal
@@ -234,8 +230,9 @@ class Queue:
             key = PREFILL_KEYS[bisect_left(PREFILL_BUCKETS_S, s)]
             buckets[key] = buckets.get(key, 0) + 1
             prefill_us += round(s * 1e6)
-        stats = f"tokens:sampled={sampled},tokens:prompt={prompt},prefill_sum_us={prefill_us}" + "".join(
-            f",{k}={n}" for k, n in buckets.items())
+        stats = f"tokens:sampled={sampled},tokens:prompt={prompt},prefill_sum_us={prefill_us}"
+        for key, n in buckets.items():
+            stats += f",{key}={n}"
         # (the state as itself: a str enum, which msgpack writes as its value)
         got = await self._finishes.submit([claim.trajectory_id, claim.token, traj.state, recorded, reward,
                                            failure, time.time(), 0, "", stats])
