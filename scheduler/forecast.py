@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from scheduler.lifecycle import Change, Phase, Track
+from scheduler.lifecycle import Phase, Track
 
 TURN_BUCKETS = 16  # turns past this share one bucket: late turns are few and alike
 # The phases as plain names for the per-transition and per-track paths: on Python 3.11 reading an
@@ -323,8 +323,8 @@ class Forecaster:
             ts = tools[key] = ToolStats()
         return ts
 
-    def observe(self, ch: Change) -> None:
-        t, new, old, now = ch.track, ch.new, ch.old, ch.now
+    def observe(self, t: Track, old: Phase, now: float, old_since: float, tokens: int) -> None:
+        new = t.phase
         s = self._envs.get(t.env) or self._env(t.env)
         learn = self.learn
         if new is _PREFILLING:
@@ -332,19 +332,19 @@ class Forecaster:
                 if learn:
                     s.stepped[min(t.turn - 1, TURN_BUCKETS - 1)] += 1
                     ts = self._tool(t.env, t.tool)
-                    ts.latency.add(now - ch.old_since)
-                    ts.observation.add(ch.tokens)
+                    ts.latency.add(now - old_since)
+                    ts.observation.add(tokens)
                     last = self._arrived.get(t.id)
                     if last is not None:
                         s.period.add(now - last)
-                self._prefill_actual.append((now, ch.tokens))
+                self._prefill_actual.append((now, tokens))
                 self._open_turn[t.id] = now
             self._arrived[t.id] = now
-            self.recent.prefill(now, ch.tokens, t.context_tokens - ch.tokens / 2)
+            self.recent.prefill(now, tokens, t.context_tokens - tokens / 2)
             if old is _TOOL:
-                self.recent.tool(now, now - ch.old_since)
+                self.recent.tool(now, now - old_since)
         elif new is _TOOL or (new is _DONE and (old is _DECODING or old is _PREFILLING)):
-            self._learn_response(t, s, ch)
+            self._learn_response(t, s, old, now, old_since, tokens)
         if new is _DONE:
             if learn and (old is _TOOL or old is _DECODING):
                 b = min(t.turn, TURN_BUCKETS - 1)
@@ -355,9 +355,8 @@ class Forecaster:
             self._open_turn.pop(t.id, None)
             self._arrived.pop(t.id, None)
 
-    def _learn_response(self, t: Track, s: EnvStats, ch: Change) -> None:
-        tokens = ch.tokens
-        self.recent.response(ch.now, tokens)
+    def _learn_response(self, t: Track, s: EnvStats, old: Phase, now: float, old_since: float, tokens: int) -> None:
+        self.recent.response(now, tokens)
         m = s.response[min(t.turn, TURN_BUCKETS - 1)]
         predicted = m.get(self.prior.response_tokens)
         self._resp_abs += abs(predicted - tokens)
@@ -366,8 +365,8 @@ class Forecaster:
         if self.learn:
             m.add(tokens)
             self._learned += 1
-            if ch.old is _DECODING and ch.now > ch.old_since:
-                self._speed.add(tokens / (ch.now - ch.old_since))
+            if old is _DECODING and now > old_since:
+                self._speed.add(tokens / (now - old_since))
         arrived = self._open_turn.pop(t.id, None)
         if arrived is not None:
             self._decode_actual.append((arrived, tokens))

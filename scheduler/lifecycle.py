@@ -66,20 +66,11 @@ class Track:
     turn_arrived_at: float = 0.0  # when this turn's prefill demand arrived
 
 
-@dataclass(slots=True)
-class Change:
-    """A transition, as observers see it. `tokens` is the delta (prefill) or response length."""
-
-    track: Track
-    old: Phase
-    new: Phase
-    now: float
-    old_since: float
-    tokens: int
-
-
 class Observer(Protocol):
-    def observe(self, change: Change) -> None: ...
+    def observe(self, t: Track, old: Phase, now: float, old_since: float, tokens: int) -> None:
+        """`t` just left `old` (entered at `old_since`) for `t.phase`, at `now`. `tokens` is the
+        change's delta: the prompt delta (to prefilling) or the response length (to tool or done).
+        Arguments, not an object: three or more a trajectory, at thousands of trajectories a second."""
 
 
 class Lifecycle:
@@ -171,7 +162,5 @@ class Lifecycle:
         t.context_tokens += n
 
     def _emit(self, t: Track, old: Phase, now: float, old_since: float, tokens: int) -> None:
-        if self.observers:
-            ch = Change(t, old, t.phase, now, old_since, tokens)
-            for o in self.observers:
-                o.observe(ch)
+        for o in self.observers:
+            o.observe(t, old, now, old_since, tokens)

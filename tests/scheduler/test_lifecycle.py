@@ -12,8 +12,8 @@ class Recorder:
     def __init__(self):
         self.changes = []
 
-    def observe(self, ch):
-        self.changes.append((ch.old, ch.new, ch.now - ch.old_since, ch.tokens, ch.track.turn))
+    def observe(self, t, old, now, old_since, tokens):
+        self.changes.append((old, t.phase, now - old_since, tokens, t.turn))
 
 
 def test_a_two_turn_episode():
