@@ -166,6 +166,7 @@ class Worker:
                     break
                 except UNAVAILABLE:
                     await backoff.wait()
+            event_loop = asyncio.get_running_loop()
             pending: asyncio.Future | None = None  # a claim sent before the last claim's episodes started
             while not stop.is_set():
                 cancel_point()
@@ -199,10 +200,8 @@ class Worker:
                     # redis-py sends from a task of its own: one turn of the loop puts the send
                     # ahead of these episodes (instant ones would run first, all of them).
                     await asyncio.sleep(0)
-                for claim in claims:
-                    task = asyncio.create_task(self._handle(claim))
-                    self._active.add(task)
-                    task.add_done_callback(self._ended)
+                for claim in claims:  # (each handler takes itself out of `_active` as it ends: `_ended`)
+                    self._active.add(event_loop.create_task(self._handle(claim)))
         finally:
             if pending is not None:  # claimed but never started: hand back now, uncharged
                 await self._give_back(pending)
@@ -261,6 +260,8 @@ class Worker:
         self._slot_freed.set()
 
     def _ended(self, task: asyncio.Task) -> None:
+        """A handler ends (called by itself, last: a done callback costs a turn of the loop each;
+        one cancelled before it ever ran, at shutdown, stays until the shutdown gathers it)."""
         self._active.discard(task)
         self._writing.discard(task)
         self._slot_freed.set()
@@ -403,6 +404,7 @@ class Worker:
         finally:
             if self._handlers.get(tid) is me:
                 del self._handlers[tid]
+            self._ended(me)
 
     async def _run(self, claim: Claim, work, live: _Live) -> None:
         """The episode, then its result, retry or restart written under the lease."""

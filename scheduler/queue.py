@@ -220,7 +220,8 @@ class Queue:
         # The result is kept first and recorded by the script: a reader never sees a terminal
         # state without its result. A lost race leaves a blob nobody recorded: drop it.
         stored = await compress_result(pack_trajectory(traj, samples=False))
-        recorded = await self.results.put(batch_of(claim.trajectory_id), claim.trajectory_id, claim.token, stored)
+        recorded = await self.results.put(claim.batch_id or batch_of(claim.trajectory_id), claim.trajectory_id, claim.token,
+                                          stored)
         sampled = prompt = prefill_us = 0
         buckets: dict[str, int] = {}
         for t in traj.turns:  # the prefill histogram: one bucket per turn, and the sum
