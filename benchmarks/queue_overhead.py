@@ -49,9 +49,10 @@ async def direct(n: int, concurrency: int) -> float:
     return time.perf_counter() - t0
 
 
-async def service(n: int, concurrency: int, redis_url: str) -> float:
+async def service(n: int, concurrency: int, redis_url: str, keep_prefix: str | None = None) -> float:
+    """`keep_prefix`: the keys' prefix, and leave them (`queue_instructions.py` deletes them uncounted)."""
     r = aioredis.from_url(redis_url)
-    keys = Keys(f"bench:{uuid.uuid4().hex[:8]}:")
+    keys = Keys(keep_prefix or f"bench:{uuid.uuid4().hex[:8]}:")
     q, store = Queue(r, keys), Store(r, keys)
     worker = Worker(q, store, Fleet({"sim": (SimEngine("sim"), "byte")}), LocalEnvs(), concurrency=concurrency)
     stop = asyncio.Event()
@@ -68,8 +69,9 @@ async def service(n: int, concurrency: int, redis_url: str) -> float:
     elapsed = time.perf_counter() - t0
     stop.set()
     await run
-    async for k in r.scan_iter(match=f"{keys.prefix}*", count=1000):
-        await r.delete(k)
+    if keep_prefix is None:
+        async for k in r.scan_iter(match=f"{keys.prefix}*", count=1000):
+            await r.delete(k)
     await r.aclose()
     return elapsed
 
