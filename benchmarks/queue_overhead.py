@@ -51,7 +51,8 @@ async def direct(n: int, concurrency: int) -> float:
 
 async def service(n: int, concurrency: int, redis_url: str, keep_prefix: str | None = None) -> float:
     """`keep_prefix`: the keys' prefix, and leave them (`queue_instructions.py` deletes them uncounted)."""
-    r = aioredis.from_url(redis_url)
+    # (no read timeout: under valgrind, queue_instructions.py's, a busy loop reads a reply late)
+    r = aioredis.from_url(redis_url, socket_timeout=None)
     keys = Keys(keep_prefix or f"bench:{uuid.uuid4().hex[:8]}:")
     q, store = Queue(r, keys), Store(r, keys)
     worker = Worker(q, store, Fleet({"sim": (SimEngine("sim"), "byte")}), LocalEnvs(), concurrency=concurrency)
