@@ -137,7 +137,8 @@ ENQUEUE = _SHARE_FN + _RANK_FN + """
 -- ARGV: prefix, idem_key ('' for none), bid, params json, now, total, tenant, max open (0: no cap),
 -- weight, max running (0: no cap), priority, longest first ('1'/'0'), env, group size,
 -- then the groups' tasks as one msgpack array of JSON strings (one argument: redis-py encodes
--- each argument in Python, ~1 µs apiece, 10,000 a batch of 10,000 groups). Returns {bid, 1} created, {bid, 0} existing, {'', -1, open} over quota.
+-- each argument in Python, ~1 µs apiece, 10,000 for a batch of 10,000 groups).
+-- Returns {bid, 1} created, {bid, 0} existing, {'', -1, open} over quota.
 -- A trajectory's id is `{bid}-{group}-{sample}`, groups and samples from 0 (scheduler.keys.trajectory_id).
 local p = ARGV[1]
 if ARGV[2] ~= '' then

@@ -138,7 +138,7 @@ class Queue:
             raise ValueError(f"a tenant's weight must be positive, got {weight}")
         bid = uuid.uuid4().hex[:16]
         params = req.model_dump_json(exclude={"tasks"})
-        args: list[str | int | float] = [
+        args: list[str | int | float | bytes] = [
             self.k.prefix, f"{tenant}:{req.idempotency_key}" if req.idempotency_key else "", bid, params,
             time.time(), req.num_trajectories, tenant, max_open, weight, max_running, req.priority,
             "1" if self.longest_first else "0", req.env, req.group_size,
