@@ -51,7 +51,7 @@ async def direct(n: int, concurrency: int) -> float:
 
 async def service(n: int, concurrency: int, redis_url: str, keep_prefix: str | None = None) -> float:
     """`keep_prefix`: the keys' prefix, and leave them (`queue_instructions.py` deletes them uncounted)."""
-    # (no read timeout: under valgrind, queue_instructions.py's, a busy loop reads a reply late)
+    # (no read timeout: under valgrind, as queue_instructions.py runs it, a busy loop reads replies late)
     r = aioredis.from_url(redis_url, socket_timeout=None)
     keys = Keys(keep_prefix or f"bench:{uuid.uuid4().hex[:8]}:")
     q, store = Queue(r, keys), Store(r, keys)

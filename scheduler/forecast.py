@@ -215,7 +215,7 @@ class RecentTurns:
         self.window_s = window_s
         self._width = window_s / self.BUCKETS
         # [bucket index, prefill count, Σ tokens, Σ tokens x context attended, response count,
-        #  Σ tokens, (unused), tool count, Σ seconds, (unused)]
+        #  Σ tokens, tool count, Σ seconds]
         self._buckets: deque[list] = deque()
 
     def clear(self) -> None:
@@ -226,7 +226,7 @@ class RecentTurns:
         buckets = self._buckets
         if buckets and i <= buckets[-1][0]:  # (a clock that steps back adds to the last bucket)
             return buckets[-1]
-        b = [i, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+        b = [i, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
         buckets.append(b)
         self._expire(now)
         return b
@@ -252,8 +252,8 @@ class RecentTurns:
 
     def tool(self, now: float, seconds: float) -> None:
         b = self._bucket(now)
-        b[7] += 1
-        b[8] += seconds
+        b[6] += 1
+        b[7] += seconds
 
     def fields(self, now: float) -> dict[str, float]:
         """`Demand`'s per-turn fields: prefill tokens, the context they attend to, response tokens
@@ -266,7 +266,7 @@ class RecentTurns:
             s_a += b[3]
             n_r += b[4]
             s_r += b[5]
-            s_t += b[8]
+            s_t += b[7]
         if n_p < self.MIN_TURNS or n_r < self.MIN_TURNS:
             return dict.fromkeys(("turn_prefill", "turn_prefix", "turn_response", "tool_s"), 0.0)
         return {"turn_prefill": s_p / n_p, "turn_prefix": s_a / s_p if s_p > 0 else 0.0,

@@ -145,13 +145,10 @@ def _packable(o: Any) -> Any:
 
 def _turn_fields(t: Turn) -> dict[str, Any]:
     d = dict(t.__dict__)
-    d["prompt_ids"], d["output_ids"] = _pack("i", t.prompt_ids), _pack("i", t.output_ids)
-    d["output_logprobs"] = _pack("f", t.output_logprobs)
+    for n, code in _TURN_ARRAYS.items():
+        d[n] = _pack(code, d[n])
     d["timings"] = t.timings.__dict__
     return d
-
-
-assert set(_TURN_ARRAYS) == {"prompt_ids", "output_ids", "output_logprobs"}  # _turn_fields packs exactly these
 
 
 def _pack_sample(s: Sample) -> dict[str, Any]:
