@@ -29,6 +29,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -330,8 +331,17 @@ def kv_transfer_config(pull_min_tokens: int = 64) -> dict:
 
 
 def kv_side_channel_port(port: int) -> int:
-    """Where NixlConnector's side channel listens, derived from the API port (must differ)."""
-    return port + 10_000 if port < 55_000 else port - 10_000
+    """Where NixlConnector's side channel listens: the API port's ten-thousand neighbour when that
+    is free, else one the OS picks (a derived port may be taken by anything, another engine's API
+    or a client socket's ephemeral port: the engine then died of ZMQ's 'Address already in use')."""
+    for want in (port + 10_000 if port < 55_000 else port - 10_000, 0):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", want))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise OSError("no free port for the KV side channel")
 
 
 def ensure_nixl(progress: Progress = print) -> None:

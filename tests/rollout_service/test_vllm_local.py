@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 from rollout_service.local import vllm_local
@@ -30,3 +31,22 @@ def test_an_engine_runs_as_many_threads_as_it_has_cores():
     assert env["OMP_NUM_THREADS"] == "7"
     _, env = vllm_local.serve_command("/models/m", 8000, "m")  # every core this process may use
     assert env["OMP_NUM_THREADS"] == str(len(os.sched_getaffinity(0)))
+
+
+
+def test_the_kv_side_channel_port_is_free_even_where_the_derived_one_is_taken():
+    with socket.socket() as api, socket.socket() as taken:
+        api.bind(("127.0.0.1", 0))
+        port = api.getsockname()[1]
+        derived = port + 10_000 if port < 55_000 else port - 10_000
+        try:
+            taken.bind(("127.0.0.1", derived))
+        except OSError:
+            pass  # taken already, by something else
+        taken.listen()
+        for side in (vllm_local.kv_side_channel_port(port),
+                     int(vllm_local.serve_command("/models/m", port, "m", kv_transfer=True)[1]
+                         ["VLLM_NIXL_SIDE_CHANNEL_PORT"])):
+            assert side not in (port, derived)
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", side))  # really free
