@@ -41,7 +41,7 @@ Non-goals: failures and retries, weight updates, the Redis queue (see benchmarks
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from benchmarks.sim.clock import EventLoop
@@ -134,14 +134,19 @@ class _Traj:
     tool_end: float = 0.0  # when its environment step returns
 
 
-class _Loads(Mapping):
-    """Engine loads, read only when the router asks (a sticky hit reads one)."""
+class _Loads(dict):
+    """Engine loads, read only when the router asks (a sticky hit reads one), each at most once:
+    one is made for each routing decision, during which no engine changes (the router reads an
+    engine's load up to three times a decision: 128 engines read 384 times). A dict, so that a
+    load read again costs a dict lookup; its keys and length are the engines that may serve."""
 
-    def __init__(self, gpus: dict[str, SimGPU], able: Mapping):
-        self.gpus, self.able = gpus, able
+    def __init__(self, load: dict[str, Callable[[], int]], able: Mapping):
+        super().__init__()
+        self.load, self.able = load, able  # `load`: each engine's `SimGPU.load`
 
-    def __getitem__(self, e: str) -> int:
-        return self.gpus[e].load()
+    def __missing__(self, e: str) -> int:
+        n = self[e] = self.load[e]()
+        return n
 
     def __contains__(self, e: object) -> bool:
         return e in self.able
@@ -184,6 +189,7 @@ class Cluster:
         self._measured = 0
         self.gpus = {f"g{i:03d}": SimGPU(f"g{i:03d}", c, self.loop, self._prefilled, self._decoded, measure)
                      for i in range(gpus)}
+        self._load = {e: g.load for e, g in self.gpus.items()}  # what a routing decision reads (`_Loads`)
         p = policy.prefill or 0
         layout = Layout(p, gpus - p, 0) if p else Layout(0, 0, gpus)
         if warm is not None and self.guided and warm.layout is not None and not policy.hold:
@@ -255,7 +261,7 @@ class Cluster:
 
     # --- a turn -------------------------------------------------------------------------
     def _loads(self) -> "_Loads":
-        return _Loads(self.gpus, self.roles)
+        return _Loads(self._load, self.roles)
 
     def _start_turn(self, tid: str, delta: int) -> None:
         tr = self.trajs[tid]

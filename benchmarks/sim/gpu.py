@@ -76,12 +76,13 @@ class SimGPU:
         """In-flight tokens now: prefill left, KV held, KV waiting. Projected to the clock without
         advancing the fluid, so reading it changes nothing (the router reads it between events)."""
         dt = self.loop.now - self._t
-        pf, ctx = self._pf_left, self.context()
+        n = len(self._seqs)
+        pf, ctx = self._pf_left, self._s + n * self._v  # (`context()`, inline: the router reads every engine's)
         if dt > 0:
             if self._prefill:
                 pf -= dt * self._pf_rate
-            if self._seqs:
-                ctx += len(self._seqs) * dt / self._tau
+            if n:
+                ctx += n * dt / self._tau
         return int(pf + ctx + self._wait_ctx)
 
     def queued_prefill(self) -> float:
