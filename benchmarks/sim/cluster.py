@@ -292,6 +292,7 @@ class Cluster:
                               or self.cost.transfer_time(extra) < self.cost.prefill_time(extra, hit)):
                 self.pushed += extra
                 gpu.incoming += 1
+                gpu.incoming_tokens += tr.context - more
                 self.loop.after(self.cost.transfer_time(extra), self._pulled, (tid, eid, more))
                 return
         gpu.add_prefill(tid, tr.context - hit, hit)
@@ -300,6 +301,7 @@ class Cluster:
         tid, eid, cached = arg
         gpu, tr = self.gpus[eid], self.trajs[tid]
         gpu.incoming -= 1
+        gpu.incoming_tokens -= tr.context - cached
         gpu.touch(tid, cached)
         gpu.add_prefill(tid, tr.context - cached, cached)
 
@@ -326,10 +328,13 @@ class Cluster:
             return
         self.transferred += missing
         dst.incoming += 1
+        dst.incoming_tokens += tr.context
         self.loop.after(self.cost.transfer_time(missing), self._arrived, (tid, eid))
 
     def _arrived(self, arg: tuple[str, str]) -> None:
-        self.gpus[arg[1]].incoming -= 1
+        gpu = self.gpus[arg[1]]
+        gpu.incoming -= 1
+        gpu.incoming_tokens -= self.trajs[arg[0]].context
         self._join_decode(arg)
 
     def _join_decode(self, arg: tuple[str, str]) -> None:

@@ -44,6 +44,7 @@ class SimGPU:
         self._cache_total = 0
         self._pf_tids: dict[str, int] = {}  # trajectories with a prefill queued here (pinned)
         self.incoming = 0  # KV transfers on their way here
+        self.incoming_tokens = 0  # ... and the tokens they bring (counted in `load`: the router has sent them)
         self._t = 0.0
         self._v = 0.0  # tokens each running sequence has gained since the engine started
         self._tau = 0.0
@@ -73,7 +74,8 @@ class SimGPU:
         return self._s + len(self._seqs) * self._v
 
     def load(self) -> int:
-        """In-flight tokens now: prefill left, KV held, KV waiting. Projected to the clock without
+        """In-flight tokens now: prefill left, KV held, KV waiting, and KV on its way here (routed here:
+        the live fleet charges an engine when it sends the request). Projected to the clock without
         advancing the fluid, so reading it changes nothing (the router reads it between events)."""
         dt = self.loop.now - self._t
         n = len(self._seqs)
@@ -83,7 +85,7 @@ class SimGPU:
                 pf -= dt * self._pf_rate
             if n:
                 ctx += n * dt / self._tau
-        return int(pf + ctx + self._wait_ctx)
+        return int(pf + ctx + self._wait_ctx + self.incoming_tokens)
 
     def queued_prefill(self) -> float:
         """Prefill tokens queued here, as of the last event."""

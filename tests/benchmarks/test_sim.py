@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import heapq
 
 import pytest
 
@@ -134,6 +135,40 @@ def test_a_busy_prefill_engine_pulls_an_evicted_conversation_an_idle_one_may_rec
     c, added = _evicted_turn(busy=False)
     assert c.pushed == 0 and added == 15_500
 
+
+
+def _until(c: Cluster, done) -> None:
+    """Run the cluster's events one at a time until `done()`."""
+    while not done():
+        t, _, fn, arg = heapq.heappop(c.loop._heap)
+        c.loop.now = t
+        fn(arg)
+
+
+def test_work_on_its_way_to_an_engine_counts_in_its_load_from_the_moment_it_is_routed():
+    """The router reads loads to place the next turn. A conversation whose KV is still crossing the
+    link was invisible there until it arrived, so the turns routed meanwhile all went to the engine
+    that looked idle (in Llama-3-8B `web` sync at 128 GPUs colocated engines ended 147-396 s busy,
+    and 229-280 s once counted). The live fleet charges an engine when it sends it the request."""
+    c, added = _evicted_turn(busy=True)  # pulled: 15,000 tokens on the link, 500 new to prefill
+    g0 = c.gpus["g000"]
+    assert added == 0 and g0.incoming == 1
+    assert g0.load() == 50_000 + 500  # the queue ahead, and the turn's new tokens (its KV is cached when it lands)
+    _until(c, lambda: not g0.incoming)  # the pull's arrival (not the end: the queued prefill is no trajectory)
+    assert g0.incoming_tokens == 0  # landed: queued to prefill, counted there
+    # a decode handed over: the decode engine counts the conversation while its KV crosses
+    cost = PRESETS["qwen3-30b-a3b-dp8ep8"]()
+    c = Cluster(small("coding", per_gpu=1, rounds=1), 2, Policy.static(1), "async", cost=cost)
+    ep = c.workload.episode(0, 0, 0.0)
+    c.trajs[ep.id] = _Traj(ep, turn=0, context=8_000, engines={"g000": None})
+    c.lifecycle.on_submit(ep.id, ep.env, 8_000)
+    c.lifecycle.on_prefill(ep.id, 8_000)
+    g1 = c.gpus["g001"]
+    assert g1.load() == 0
+    c._to_decode(ep.id, "g000")
+    assert g1.incoming == 1 and g1.load() == 8_000
+    _until(c, lambda: not g1.incoming)
+    assert g1.incoming_tokens == 0 and g1.load() >= 8_000  # decoding: its KV held
 
 def _one_switch(switch_s: float, flush: bool):
     """Two engines; engine g000 is moved from mixed to prefill at t = 0 with a cached prefix."""
