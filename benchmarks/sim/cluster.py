@@ -138,7 +138,8 @@ class _Loads(dict):
     """Engine loads, read only when the router asks (a sticky hit reads one), each at most once:
     one is made for each routing decision, during which no engine changes (the router reads an
     engine's load up to three times a decision: 128 engines read 384 times). A dict, so that a
-    load read again costs a dict lookup; its keys and length are the engines that may serve."""
+    load read again costs a dict lookup; read it as a Mapping (`[]`, `in`, iteration, `len`: the
+    engines that may serve), not through dict's own `get` or `keys`, which see only what was read."""
 
     def __init__(self, load: dict[str, Callable[[], int]], able: Mapping):
         super().__init__()

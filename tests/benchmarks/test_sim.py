@@ -136,7 +136,6 @@ def test_a_busy_prefill_engine_pulls_an_evicted_conversation_an_idle_one_may_rec
     assert c.pushed == 0 and added == 15_500
 
 
-
 def _until(c: Cluster, done) -> None:
     """Run the cluster's events one at a time until `done()`."""
     while not done():
@@ -169,6 +168,7 @@ def test_work_on_its_way_to_an_engine_counts_in_its_load_from_the_moment_it_is_r
     assert g1.incoming == 1 and g1.load() == 8_000
     _until(c, lambda: not g1.incoming)
     assert g1.incoming_tokens == 0 and g1.load() >= 8_000  # decoding: its KV held
+
 
 def _one_switch(switch_s: float, flush: bool):
     """Two engines; engine g000 is moved from mixed to prefill at t = 0 with a cached prefix."""

@@ -33,7 +33,6 @@ def test_an_engine_runs_as_many_threads_as_it_has_cores():
     assert env["OMP_NUM_THREADS"] == str(len(os.sched_getaffinity(0)))
 
 
-
 def test_the_kv_side_channel_port_is_free_even_where_the_derived_one_is_taken():
     with socket.socket() as api, socket.socket() as taken:
         api.bind(("127.0.0.1", 0))
