@@ -353,6 +353,29 @@ def test_a_loss_that_lasts_is_credited_for_as_long_as_it_has_lasted():
     assert t > 20.0  # held at first: counted from 10 s, not from the first sighting at 0 s
 
 
+
+
+
+
+def test_nothing_moves_in_a_rounds_tail():
+    """A dense 8B's fit and demand as the simulator had them 140 s into Llama-3-8B `web` sync at 8
+    GPUs, one trajectory left: a 2P6D split serves its turn 10% faster than colocation and is
+    nearly free to move to. Moved to, the next round's 96 trajectories started in it and ran 19%
+    slower. With no more trajectories than engines colocation has no interference to take away:
+    nothing moves. The same demand from as many trajectories as engines moves (confirmed twice)."""
+    cap = Capacity(step=[0.00512, 0.0, 3.0e-8, 2.38e-5, 0.00121, 0.0, 1.67e-9], chunk_tokens=2048, rank_tokens=2048,
+                   kv_tokens=853_658)
+    cfg = AllocatorConfig(switch_s=0.0, confirm=2, response_kv_pushed=True, routing_only=True)
+    cached = {"e0": 49_380, "e5": 56_742, "e7": 97_964}
+    idle = {e: 0.0 for e in IDS}
+    for live, moved in ((1, False), (7, False), (8, True)):
+        d = Demand(15, 3331, 107, 0.99, 97_964, prefill_arrivals=3331, turns=0.56, live=live, mean_response=106,
+                   prefill_prefix=101_502, ending_context=94_442)
+        a = Allocator(IDS, cap, cfg)
+        assert a.plan(d)[0] == Layout(2, 6, 0) and a.plan(d)[1] < 0.9 * a.estimate(Layout(0, 0, 8), d)
+        assert a.allocate(d, idle, now=135.0, cached=cached) == []
+        assert (a.allocate(d, idle, now=140.0, cached=cached) != []) is moved
+
 def _closed(cap: Capacity | None = None) -> Allocator:
     cap = cap or Capacity(step=[0.005, 0.0, 3e-8, 2.3e-5, 3e-4, 0.0, 1.7e-9], kv_tokens=850_000)  # a dense 8B's fit
     return Allocator(IDS, cap, AllocatorConfig(estimate="closed_loop", response_kv_pushed=True))
