@@ -353,10 +353,6 @@ def test_a_loss_that_lasts_is_credited_for_as_long_as_it_has_lasted():
     assert t > 20.0  # held at first: counted from 10 s, not from the first sighting at 0 s
 
 
-
-
-
-
 def test_nothing_moves_in_a_rounds_tail():
     """A dense 8B's fit and demand as the simulator had them 140 s into Llama-3-8B `web` sync at 8
     GPUs, one trajectory left: a 2P6D split serves its turn 10% faster than colocation and is
@@ -375,6 +371,7 @@ def test_nothing_moves_in_a_rounds_tail():
         assert a.plan(d)[0] == Layout(2, 6, 0) and a.plan(d)[1] < 0.9 * a.estimate(Layout(0, 0, 8), d)
         assert a.allocate(d, idle, now=135.0, cached=cached) == []
         assert (a.allocate(d, idle, now=140.0, cached=cached) != []) is moved
+
 
 def _closed(cap: Capacity | None = None) -> Allocator:
     cap = cap or Capacity(step=[0.005, 0.0, 3e-8, 2.3e-5, 3e-4, 0.0, 1.7e-9], kv_tokens=850_000)  # a dense 8B's fit
