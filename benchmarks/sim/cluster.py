@@ -68,8 +68,8 @@ class Policy:
         return Policy("colocated", 0)
 
     @staticmethod
-    def static(prefill: int) -> "Policy":
-        return Policy(f"static-{prefill}P", prefill)
+    def static(prefill: int, name: str = "") -> "Policy":
+        return Policy(name or f"static-{prefill}P", prefill)
 
     @staticmethod
     def guided(perfect: bool = False) -> "Policy":
@@ -162,9 +162,17 @@ class _Loads(dict):
 class Cluster:
     def __init__(self, workload: Workload, gpus: int, policy: Policy, mode: str = "sync", seed: int = 0,
                  cost: ClusterCost | None = None, control_s: float = 5.0, horizon_s: float = 15.0,
-                 config: AllocatorConfig | None = None, kv_push: bool = True, warm: "Warm | None" = None):
+                 config: AllocatorConfig | None = None, kv_push: bool = True, warm: "Warm | None" = None,
+                 prefill_cost: ClusterCost | None = None, in_flight: int | None = None):
+        """`prefill_cost`: a static split's prefill engines as their own kind of engine (per-role
+        parallelism: e.g. the 32B at TP4 prefilling for decode engines at TP2; `cost` is then the
+        decode engines'). `in_flight`: trajectories in flight in all (default: the workload's per
+        engine times the engines), so that layouts of different engine counts on the same GPUs
+        carry the same load."""
         if mode not in ("sync", "async"):
             raise ValueError(f"mode must be sync or async, not {mode!r}")
+        if prefill_cost is not None and not policy.prefill:
+            raise ValueError("prefill_cost is for a static split's prefill engines: the policy has none")
         self.workload, self.policy, self.mode, self.seed = workload, policy, mode, seed
         self.cost = cost or PRESETS[DEFAULT]()
         self.control_s = control_s
@@ -188,8 +196,9 @@ class Cluster:
                                            min_observed=0.5)
         measure = self._measure if self.guided and not policy.true_cost else None
         self._measured = 0
-        self.gpus = {f"g{i:03d}": SimGPU(f"g{i:03d}", c, self.loop, self._prefilled, self._decoded, measure)
-                     for i in range(gpus)}
+        # engine ids sort in order, and the allocator gives the first `policy.prefill` the prefill role
+        self.gpus = {f"g{i:03d}": SimGPU(f"g{i:03d}", prefill_cost if prefill_cost and i < (policy.prefill or 0) else c,
+                                         self.loop, self._prefilled, self._decoded, measure) for i in range(gpus)}
         self._load = {e: g.load for e, g in self.gpus.items()}  # what a routing decision reads (`_Loads`)
         p = policy.prefill or 0
         layout = Layout(p, gpus - p, 0) if p else Layout(0, 0, gpus)
@@ -205,7 +214,7 @@ class Cluster:
         self.router = RoleAware()
         self.roles = self.allocator.roles()  # the allocator's, refreshed when it moves an engine
         self.trajs: dict[str, _Traj] = {}
-        self.in_flight = workload.per_gpu * gpus
+        self.in_flight = in_flight or workload.per_gpu * gpus
         self.total = workload.rounds * self.in_flight
         self.submitted = self.done = self.turns = self.transferred = self.pushed = 0
         self._flipping: set[str] = set()
@@ -284,17 +293,18 @@ class Cluster:
         if tr.turn == 0 and tr.ep.group is not None:  # a GRPO sibling may have prefilled the prompt here
             hit = max(hit, min(gpu.hit(tr.ep.group), tr.context - 1))
         if self.kv_push:  # another engine holds more of the conversation: pull it when cheaper than recompute
-            more = max((min(self.gpus[e].hit(tid), tr.context - 1) for e in tr.engines if e != eid), default=0)
+            more, src = max(((min(self.gpus[e].hit(tid), tr.context - 1), e) for e in tr.engines if e != eid),
+                            default=(0, eid))
             extra = more - hit
             # a busy engine pulls (recompute would delay every prefill queued behind it; a pull costs
             # the link, not the engine); an idle one recomputes when that is quicker, priced as it
             # would run, attending to what precedes it
             if extra > 0 and (gpu.queued_prefill() > 0
-                              or self.cost.transfer_time(extra) < self.cost.prefill_time(extra, hit)):
+                              or self._transfer_s(extra, src, eid) < gpu.cost.prefill_time(extra, hit)):
                 self.pushed += extra
                 gpu.incoming += 1
                 gpu.incoming_tokens += tr.context - more
-                self.loop.after(self.cost.transfer_time(extra), self._pulled, (tid, eid, more))
+                self.loop.after(self._transfer_s(extra, src, eid), self._pulled, (tid, eid, more))
                 return
         gpu.add_prefill(tid, tr.context - hit, hit)
 
@@ -330,7 +340,7 @@ class Cluster:
         self.transferred += missing
         dst.incoming += 1
         dst.incoming_tokens += tr.context
-        self.loop.after(self.cost.transfer_time(missing), self._arrived, (tid, eid))
+        self.loop.after(self._transfer_s(missing, prefilled_on, eid), self._arrived, (tid, eid))
 
     def _arrived(self, arg: tuple[str, str]) -> None:
         gpu = self.gpus[arg[1]]
@@ -354,16 +364,22 @@ class Cluster:
         tr.tool_end = self.loop.now + spec.latency_s
         self.loop.after(spec.latency_s, self._stepped, tid)
         if self.kv_push and tr.prefill_on not in (None, gpu.id) and tr.turn + 1 < len(tr.ep.turns):
-            self._push(tid, tr.prefill_on)
+            self._push(tid, tr.prefill_on, gpu.id)
         self._check_drained(gpu)
 
-    def _push(self, tid: str, eid: str) -> None:
+    def _transfer_s(self, tokens: int, src: str, dst: str) -> float:
+        """KV of `tokens` from one engine to another. Each rank sends or receives its shard over
+        its own port, so between engines of different TP the side with fewer ranks sets the pace."""
+        a, b = self.gpus[src].cost, self.gpus[dst].cost
+        return (a if a.tp <= b.tp else b).transfer_time(tokens)
+
+    def _push(self, tid: str, eid: str, src: str) -> None:
         """The decode engine sends the response's KV back to the engine that prefilled the turn."""
         tr = self.trajs[tid]
         missing = tr.context - self.gpus[eid].hit(tid)
         if missing > 0:
             self.pushed += missing
-            self.loop.after(self.cost.transfer_time(missing), self._pushed, (tid, eid, tr.context))
+            self.loop.after(self._transfer_s(missing, src, eid), self._pushed, (tid, eid, tr.context))
 
     def _pushed(self, arg: tuple[str, str, int]) -> None:
         tid, eid, ctx = arg

@@ -11,7 +11,7 @@ from benchmarks.sim.clock import EventLoop
 from benchmarks.sim.cluster import Cluster, Policy, _Traj
 from benchmarks.sim.cost import DEFAULT, PRESETS, ClusterCost
 from benchmarks.sim.gpu import SimGPU
-from benchmarks.sim.workload import WORKLOADS, Workload
+from benchmarks.sim.workload import WORKLOADS, EnvProfile, LogNormal, Workload
 from scheduler.allocator import Allocator, Layout
 from scheduler.forecast import Forecaster
 from scheduler.lifecycle import Lifecycle
@@ -290,3 +290,40 @@ def test_the_perfect_forecast_counts_what_arrives():
     foreseen = sum(d.prefill_arrivals for _, d, _ in c.decisions)
     actual = sum(tokens for t, d, _ in c.decisions for at, tokens in arrivals if t < at <= t + d.horizon_s)
     assert actual > 0 and 0.85 < foreseen / actual < 1.2
+
+
+# --- per-role tensor parallelism ------------------------------------------------------------------
+def _one_long_prompt(prompt: int) -> Workload:
+    profile = EnvProfile("long", (prompt, prompt), (1, 1), LogNormal(100, 0.0, 100), LogNormal(0.01, 0.0, 0.01),
+                         LogNormal(1, 0.0, 1), "grader")
+    return Workload("long", lambda _: {"long": 1.0}, per_gpu=1, profiles={"long": profile})
+
+
+def test_prefill_engines_at_their_own_tp_prefill_at_its_speed_and_hand_over_at_the_narrower_side():
+    from benchmarks.sim.shape import QWEN25_32B
+
+    tp2, tp4 = ClusterCost.dense(QWEN25_32B, 2), ClusterCost.dense(QWEN25_32B, 4)
+    wl = _one_long_prompt(16_000)
+    same = Cluster(wl, 2, Policy.static(1), "sync", cost=tp2, in_flight=1)
+    own = Cluster(wl, 2, Policy.static(1, "1P@tp4+1D@tp2"), "sync", cost=tp2, prefill_cost=tp4, in_flight=1)
+    assert own.gpus["g000"].cost is tp4 and own.gpus["g001"].cost is tp2  # the prefill engine is the TP4 one
+    # a TP4 engine's four ranks send a quarter each, a TP2 engine's two take half each: the TP2 side paces it
+    assert own._transfer_s(16_000, "g000", "g001") == tp2.transfer_time(16_000) > tp4.transfer_time(16_000)
+    a, b = same.run(), own.run()
+    assert a.trajectories == b.trajectories == 1 and a.policy == "static-1P" and b.policy == "1P@tp4+1D@tp2"
+    # the same turn, handed over and decoded alike: only the prompt's prefill is faster, by about what TP4
+    # saves (0.51 s of 1.27; the engine's own steps add ~20 ms to either, so within 1%)
+    saved = tp2.prefill_time(16_000) - tp4.prefill_time(16_000)
+    assert saved > 0.3 and a.makespan_s - b.makespan_s == pytest.approx(saved, rel=0.01)
+
+
+def test_layouts_of_different_engine_counts_carry_the_same_trajectories():
+    from benchmarks.sim.shape import QWEN25_32B
+
+    tp1, tp2 = ClusterCost.dense(QWEN25_32B, 1), ClusterCost.dense(QWEN25_32B, 2)
+    wl = small("coding", per_gpu=2, rounds=1)
+    colo = Cluster(wl, 2, Policy.colocated(), "async", cost=tp2, in_flight=8).run()  # 2 engines of 2 GPUs
+    mixed = Cluster(wl, 3, Policy.static(2, "2P@tp1+1D@tp2"), "async", cost=tp2, prefill_cost=tp1, in_flight=8).run()
+    assert colo.trajectories == mixed.trajectories == 8 and colo.turns == mixed.turns
+    with pytest.raises(ValueError, match="prefill_cost"):
+        Cluster(wl, 2, Policy.colocated(), "async", cost=tp2, prefill_cost=tp1)

@@ -1,0 +1,170 @@
+"""Does giving prefill and decode engines their own tensor parallelism pay? One seeded run.
+
+Issue 15 asks for per-role parallelism: a split whose prefill engines run at one TP and its
+decode engines at another (a 32B prefilling at TP4 for decode engines at TP2, say). For a dense
+model on `--gpus` GPUs, each seed runs the same episodes (`benchmarks/sim`, the same trajectories
+in flight on every layout) under:
+
+- every uniform layout: colocated, and every static split (as `pd_allocation.py` picks them), at
+  each TP of `--tps` that leaves at least one engine (colocated) or two (a split);
+- every per-role split: p prefill engines at TP a and d decode engines at TP b, a != b, that use
+  all the GPUs (p·a + d·b = GPUs), up to `--max-per-pair` of them per (a, b), spread over the
+  prefill share;
+- guided (`pd_allocation.py`'s guided column, warm from the phase before) at each TP of `--base`:
+  the service's allocator moves roles, not TP, so an engine keeps the TP it was launched with.
+
+Prints per cell the best uniform layout, the best per-role split and their speed ratio (above 1:
+the per-role split is faster), and each guided run's speed over the best per-role split (above 1:
+guided is faster); a summary line per GPU count; writes JSON. The base TP's colocated, static and
+guided makespans are the ones `pd_allocation.py` gets for that preset (same seeds, same load).
+
+    python benchmarks/pd_role_tp.py --gpus 8 --seeds 0
+    python benchmarks/pd_role_tp.py --gpus 8,32 --out docs/results/pd_role_tp.json --table docs/results/pd_role_tp.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
+
+from benchmarks.pd_allocation import SPLITS, code_version, phase_before, splits  # noqa: E402
+from benchmarks.sim.cluster import Cluster, Policy  # noqa: E402
+from benchmarks.sim.cost import ClusterCost  # noqa: E402
+from benchmarks.sim.shape import MODELS  # noqa: E402
+from benchmarks.sim.workload import WORKLOADS  # noqa: E402
+
+
+def role_splits(gpus: int, a: int, b: int, most: int) -> list[tuple[int, int]]:
+    """(prefill engines at TP a, decode engines at TP b) using every GPU, at most `most` of them:
+    where there are more, the ones whose prefill share of the GPUs is nearest `SPLITS`."""
+    out = [(p, (gpus - p * a) // b) for p in range(1, gpus // a + 1)
+           if gpus - p * a >= b and (gpus - p * a) % b == 0]
+    if len(out) <= most:
+        return out
+    picked = {min(out, key=lambda pd: abs(pd[0] * a / gpus - f)) for f in SPLITS}
+    return sorted(picked)[:most]
+
+
+def run_seed(model: str, workload: str, mode: str, gpus: int, seed: int, tps: list[int], base: list[int],
+             most: int, scale: float) -> dict:
+    shape = MODELS[model]
+    costs = {t: ClusterCost.dense(shape, t) for t in tps}
+    in_flight = round(WORKLOADS[workload].per_gpu * scale * gpus)
+    # per engine as `pd_allocation.engine_workload` sets it, so a base TP's runs are that script's
+    wl = {t: dataclasses.replace(WORKLOADS[workload], per_gpu=max(1, round(WORKLOADS[workload].per_gpu * scale * t)))
+          for t in tps}
+
+    def one(policy: Policy, t: int, engines: int, prefill_cost: ClusterCost | None = None, warm=None) -> float:
+        return Cluster(wl[t], engines, policy, mode, seed=seed, cost=costs[t], warm=warm,
+                       prefill_cost=prefill_cost, in_flight=in_flight).run().makespan_s
+
+    uniform, per_role, guided = {}, {}, {}
+    for t in tps:
+        n = gpus // t
+        if n >= 1:
+            uniform[f"colocated@tp{t}"] = one(Policy.colocated(), t, n)
+        if n >= 2:
+            for p in splits(n):
+                uniform[f"{p}P{n - p}D@tp{t}"] = one(Policy.static(p), t, n)
+    for a in tps:
+        for b in tps:
+            if a != b:
+                for p, d in role_splits(gpus, a, b, most):
+                    name = f"{p}P@tp{a}+{d}D@tp{b}"
+                    per_role[name] = one(Policy.static(p, name), b, p + d, prefill_cost=costs[a])
+    for t in base:
+        n = gpus // t
+        if n >= 2:
+            warm = phase_before(wl[t], n, mode, seed, costs[t])
+            guided[f"guided@tp{t}"] = one(Policy.guided(), t, n, warm=warm)
+    bu, bp = min(uniform, key=uniform.get), min(per_role, key=per_role.get) if per_role else None
+    return {"seed": seed, "in_flight": in_flight, "uniform": uniform, "per_role": per_role, "guided": guided,
+            "best_uniform": bu, "best_uniform_s": uniform[bu], "best_per_role": bp,
+            "best_per_role_s": per_role[bp] if bp else None, "code": code_version()}
+
+
+def median_ratio(runs: list[dict], num, den) -> tuple[float, float, float]:
+    xs = [num(r) / den(r) for r in runs]
+    return statistics.median(xs), min(xs), max(xs)
+
+
+def cell_line(c: dict) -> str:
+    runs = c["seeds"]
+    head = f"{c['model']} {c['workload']:6s} {c['mode']:5s} {c['gpus']:3d} GPUs"
+    if not runs[0]["per_role"]:
+        return f"{head}: no per-role split fits"
+    gain = median_ratio(runs, lambda r: r["best_uniform_s"], lambda r: r["best_per_role_s"])
+    bu = statistics.mode([r["best_uniform"] for r in runs])
+    bp = statistics.mode([r["best_per_role"] for r in runs])
+    s = (f"{head}: best uniform {bu:16s} best per-role {bp:20s} per-role over uniform {gain[0]:.2f}x "
+         f"[{gain[1]:.2f}-{gain[2]:.2f}]")
+    for g in runs[0]["guided"]:
+        vs = median_ratio(runs, lambda r: r["best_per_role_s"], lambda r, g=g: r["guided"][g])
+        s += f"  {g} over best per-role {vs[0]:.2f}x [{vs[1]:.2f}-{vs[2]:.2f}]"
+    return s
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="qwen2.5-32b", help=f"one of {sorted(m for m in MODELS if 'attn' not in m)}")
+    ap.add_argument("--tps", default="1,2,4,8", help="tensor-parallel sizes an engine may have")
+    ap.add_argument("--base", default="2,4", help="TPs to run guided at (the grid's presets)")
+    ap.add_argument("--workloads", default="math,coding,swe,mix,web,doc,reason,shift,grpo")
+    ap.add_argument("--modes", default="sync,async")
+    ap.add_argument("--gpus", default="8")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--max-per-pair", type=int, default=6, help="per-role splits tried per (prefill TP, decode TP)")
+    ap.add_argument("--scale", type=float, default=1.0, help="multiply trajectories per GPU")
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "pd_role_tp.json"))
+    ap.add_argument("--table", default="", help="also write the printed lines here")
+    a = ap.parse_args()
+    if a.model not in MODELS or "attn" in a.model:
+        ap.error(f"--model: a dense model, one of {sorted(m for m in MODELS if 'attn' not in m)}")
+    tps, base = [int(t) for t in a.tps.split(",")], [int(t) for t in a.base.split(",") if t]
+    if not set(base) <= set(tps):
+        ap.error("--base must be among --tps")
+    for t in tps:  # a TP whose shard leaves no room for KV cannot serve
+        if ClusterCost.dense(MODELS[a.model], t).kv_capacity_tokens <= 0:
+            ap.error(f"--tps: {a.model} at TP{t} leaves no memory for the KV cache")
+    lines: list[str] = []
+
+    def say(s: str) -> None:
+        print(s, flush=True)
+        lines.append(s)
+
+    t0 = time.time()
+    cells = []
+    for g in [int(x) for x in a.gpus.split(",")]:
+        for w in a.workloads.split(","):
+            for m in a.modes.split(","):
+                runs = [run_seed(a.model, w, m, g, int(s), tps, base, a.max_per_pair, a.scale)
+                        for s in a.seeds.split(",")]
+                cells.append({"model": a.model, "workload": w, "mode": m, "gpus": g, "seeds": runs})
+                say(cell_line(cells[-1]))
+    say("")
+    for g in dict.fromkeys(c["gpus"] for c in cells):
+        cs = [c for c in cells if c["gpus"] == g and c["seeds"][0]["per_role"]]
+        gains = [median_ratio(c["seeds"], lambda r: r["best_uniform_s"], lambda r: r["best_per_role_s"])[0]
+                 for c in cs]
+        if not gains:
+            continue
+        wins = sum(x > 1.02 for x in gains)
+        med = statistics.median(gains)
+        say(f"{a.model} at {g} GPUs, {len(cs)} cells: per-role over best uniform median {med:.2f}x "
+            f"({min(gains):.2f}-{max(gains):.2f}); per-role beats every uniform layout by > 2% in {wins}/{len(cs)}")
+    say(f"seeds {a.seeds}; tps {tps}; wall time {time.time() - t0:.0f}s")
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps({"args": vars(a), "wall_s": time.time() - t0, "cells": cells}, indent=1))
+    if a.table:
+        Path(a.table).write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
