@@ -20,6 +20,7 @@ guided makespans are the ones `pd_allocation.py` gets for that preset (same seed
 
     python benchmarks/pd_role_tp.py --gpus 8 --seeds 0
     python benchmarks/pd_role_tp.py --gpus 8,32 --out docs/results/pd_role_tp.json --table docs/results/pd_role_tp.txt
+    python benchmarks/pd_role_tp.py --render a.json,b.json --out all.json --table all.txt   # runs done in parts
 """
 
 from __future__ import annotations
@@ -124,6 +125,8 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=1.0, help="multiply trajectories per GPU")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "pd_role_tp.json"))
     ap.add_argument("--table", default="", help="also write the printed lines here")
+    ap.add_argument("--render", default="", help="comma list of JSON files this script wrote: print and write "
+                    "their cells together (--out, --table) without running anything")
     a = ap.parse_args()
     if a.model not in MODELS or "attn" in a.model:
         ap.error(f"--model: a dense model, one of {sorted(m for m in MODELS if 'attn' not in m)}")
@@ -140,31 +143,44 @@ def main() -> None:
         lines.append(s)
 
     t0 = time.time()
-    cells = []
-    for g in [int(x) for x in a.gpus.split(",")]:
-        for w in a.workloads.split(","):
-            for m in a.modes.split(","):
-                runs = [run_seed(a.model, w, m, g, int(s), tps, base, a.max_per_pair, a.scale)
-                        for s in a.seeds.split(",")]
-                cells.append({"model": a.model, "workload": w, "mode": m, "gpus": g, "seeds": runs})
-                say(cell_line(cells[-1]))
+    if a.render:
+        runs = [json.loads(Path(f).read_text()) for f in a.render.split(",")]
+        cells = [c for r in runs for c in r["cells"]]
+        for c in cells:
+            say(cell_line(c))
+        report(cells, sum(r["wall_s"] for r in runs), say)
+        out = {"parts": [r.get("parts", [r["args"]]) for r in runs], "wall_s": sum(r["wall_s"] for r in runs),
+               "cells": cells}
+    else:
+        cells = []
+        for g in [int(x) for x in a.gpus.split(",")]:
+            for w in a.workloads.split(","):
+                for m in a.modes.split(","):
+                    runs = [run_seed(a.model, w, m, g, int(s), tps, base, a.max_per_pair, a.scale)
+                            for s in a.seeds.split(",")]
+                    cells.append({"model": a.model, "workload": w, "mode": m, "gpus": g, "seeds": runs})
+                    say(cell_line(cells[-1]))
+        report(cells, time.time() - t0, say)
+        out = {"args": vars(a), "wall_s": time.time() - t0, "cells": cells}
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(out, indent=1))
+    if a.table:
+        Path(a.table).write_text("\n".join(lines) + "\n")
+
+
+def report(cells: list[dict], wall: float, say) -> None:
+    """A summary line per model and GPU count: what per-role TP adds to the best uniform layout."""
     say("")
-    for g in dict.fromkeys(c["gpus"] for c in cells):
-        cs = [c for c in cells if c["gpus"] == g and c["seeds"][0]["per_role"]]
+    for model, g in dict.fromkeys((c["model"], c["gpus"]) for c in cells):
+        cs = [c for c in cells if (c["model"], c["gpus"]) == (model, g) and c["seeds"][0]["per_role"]]
         gains = [median_ratio(c["seeds"], lambda r: r["best_uniform_s"], lambda r: r["best_per_role_s"])[0]
                  for c in cs]
         if not gains:
             continue
         wins = sum(x > 1.02 for x in gains)
-        med = statistics.median(gains)
-        say(f"{a.model} at {g} GPUs, {len(cs)} cells: per-role over best uniform median {med:.2f}x "
+        say(f"{model} at {g} GPUs, {len(cs)} cells: per-role over best uniform median {statistics.median(gains):.2f}x "
             f"({min(gains):.2f}-{max(gains):.2f}); per-role beats every uniform layout by > 2% in {wins}/{len(cs)}")
-    say(f"seeds {a.seeds}; tps {tps}; wall time {time.time() - t0:.0f}s")
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps({"args": vars(a), "wall_s": time.time() - t0, "cells": cells}, indent=1))
-    if a.table:
-        Path(a.table).write_text("\n".join(lines) + "\n")
-
+    say(f"seeds {sorted({r['seed'] for c in cells for r in c['seeds']})}; wall time {wall:.0f}s")
 
 if __name__ == "__main__":
     main()

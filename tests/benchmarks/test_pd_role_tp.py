@@ -41,6 +41,12 @@ def test_the_script_prints_a_line_per_cell_and_writes_json(tmp_path):
     assert "math   sync    8 GPUs: best uniform" in p.stdout and "guided@tp4 over best per-role" in p.stdout
     cell = json.loads(out.read_text())["cells"][0]
     assert cell["gpus"] == 8 and cell["seeds"][0]["in_flight"] == 64 * 8 // 4
+    joined, table = tmp_path / "j.json", tmp_path / "j.txt"
+    again = subprocess.run([sys.executable, "benchmarks/pd_role_tp.py", "--render", f"{out},{out}",
+                            "--out", str(joined), "--table", str(table)],
+                           cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0, again.stderr
+    assert len(json.loads(joined.read_text())["cells"]) == 2 and table.read_text().count("math   sync    8 GPUs") == 2
     bad = subprocess.run([sys.executable, "benchmarks/pd_role_tp.py", "--base", "3"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--base must be among --tps" in bad.stderr
