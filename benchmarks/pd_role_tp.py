@@ -1,9 +1,10 @@
 """Does giving prefill and decode engines their own tensor parallelism pay? One seeded run.
 
 Issue 15 asks for per-role parallelism: a split whose prefill engines run at one TP and its
-decode engines at another (a 32B prefilling at TP4 for decode engines at TP2, say). For a dense
-model on `--gpus` GPUs, each seed runs the same episodes (`benchmarks/sim`, the same trajectories
-in flight on every layout) under:
+decode engines at another (a 32B prefilling at TP4 for decode engines at TP2, say; for the MoE, a
+DP-attention group of 8 prefilling for decode groups of 16). For a model on `--gpus` GPUs, each
+seed runs the same episodes (`benchmarks/sim`, the same trajectories in flight on every layout)
+under:
 
 - every uniform layout: colocated, and every static split (as `pd_allocation.py` picks them), at
   each TP of `--tps` that leaves at least one engine (colocated) or two (a split);
@@ -20,6 +21,7 @@ guided makespans are the ones `pd_allocation.py` gets for that preset (same seed
 
     python benchmarks/pd_role_tp.py --gpus 8 --seeds 0
     python benchmarks/pd_role_tp.py --gpus 8,32 --out docs/results/pd_role_tp.json --table docs/results/pd_role_tp.txt
+    python benchmarks/pd_role_tp.py --model qwen3-30b-a3b --tps 8,16,32 --base 8,16 --gpus 32
     python benchmarks/pd_role_tp.py --render a.json,b.json --out all.json --table all.txt   # runs done in parts
 """
 
@@ -39,6 +41,12 @@ from benchmarks.pd_allocation import SPLITS, code_version, phase_before, splits 
 from benchmarks.sim.cluster import Cluster, Policy  # noqa: E402
 from benchmarks.sim.cost import ClusterCost  # noqa: E402
 from benchmarks.sim.shape import MODELS  # noqa: E402
+
+# what an engine of size n is, by model: (its label, its cost); a dense model's n is its TP, the
+# MoE's its DP-attention group (`ClusterCost.moe_dp`: 8, 16 or 32 ranks)
+FAMILIES = {m: ("tp", lambda n, shape=shape: ClusterCost.dense(shape, n)) for m, shape in MODELS.items()
+            if "attn" not in m}
+FAMILIES["qwen3-30b-a3b"] = ("dp", ClusterCost.moe_dp)
 from benchmarks.sim.workload import WORKLOADS  # noqa: E402
 
 
@@ -55,8 +63,8 @@ def role_splits(gpus: int, a: int, b: int, most: int) -> list[tuple[int, int]]:
 
 def run_seed(model: str, workload: str, mode: str, gpus: int, seed: int, tps: list[int], base: list[int],
              most: int, scale: float) -> dict:
-    shape = MODELS[model]
-    costs = {t: ClusterCost.dense(shape, t) for t in tps}
+    label, make = FAMILIES[model]
+    costs = {t: make(t) for t in tps}
     in_flight = round(WORKLOADS[workload].per_gpu * scale * gpus)
     # per engine as `pd_allocation.engine_workload` sets it, so a base TP's runs are that script's
     wl = {t: dataclasses.replace(WORKLOADS[workload], per_gpu=max(1, round(WORKLOADS[workload].per_gpu * scale * t)))
@@ -70,21 +78,21 @@ def run_seed(model: str, workload: str, mode: str, gpus: int, seed: int, tps: li
     for t in tps:
         n = gpus // t
         if n >= 1:
-            uniform[f"colocated@tp{t}"] = one(Policy.colocated(), t, n)
+            uniform[f"colocated@{label}{t}"] = one(Policy.colocated(), t, n)
         if n >= 2:
             for p in splits(n):
-                uniform[f"{p}P{n - p}D@tp{t}"] = one(Policy.static(p), t, n)
+                uniform[f"{p}P{n - p}D@{label}{t}"] = one(Policy.static(p), t, n)
     for a in tps:
         for b in tps:
             if a != b:
                 for p, d in role_splits(gpus, a, b, most):
-                    name = f"{p}P@tp{a}+{d}D@tp{b}"
+                    name = f"{p}P@{label}{a}+{d}D@{label}{b}"
                     per_role[name] = one(Policy.static(p, name), b, p + d, prefill_cost=costs[a])
     for t in base:
         n = gpus // t
         if n >= 2:
             warm = phase_before(wl[t], n, mode, seed, costs[t])
-            guided[f"guided@tp{t}"] = one(Policy.guided(), t, n, warm=warm)
+            guided[f"guided@{label}{t}"] = one(Policy.guided(), t, n, warm=warm)
     bu, bp = min(uniform, key=uniform.get), min(per_role, key=per_role.get) if per_role else None
     return {"seed": seed, "in_flight": in_flight, "uniform": uniform, "per_role": per_role, "guided": guided,
             "best_uniform": bu, "best_uniform_s": uniform[bu], "best_per_role": bp,
@@ -114,8 +122,9 @@ def cell_line(c: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="qwen2.5-32b", help=f"one of {sorted(m for m in MODELS if 'attn' not in m)}")
-    ap.add_argument("--tps", default="1,2,4,8", help="tensor-parallel sizes an engine may have")
+    ap.add_argument("--model", default="qwen2.5-32b", help=f"one of {sorted(FAMILIES)}")
+    ap.add_argument("--tps", default="1,2,4,8", help="the sizes an engine may have: its TP (a dense model) or its "
+                    "DP-attention group (the MoE: 8, 16, 32)")
     ap.add_argument("--base", default="2,4", help="TPs to run guided at (the grid's presets)")
     ap.add_argument("--workloads", default="math,coding,swe,mix,web,doc,reason,shift,grpo")
     ap.add_argument("--modes", default="sync,async")
@@ -128,14 +137,18 @@ def main() -> None:
     ap.add_argument("--render", default="", help="comma list of JSON files this script wrote: print and write "
                     "their cells together (--out, --table) without running anything")
     a = ap.parse_args()
-    if a.model not in MODELS or "attn" in a.model:
-        ap.error(f"--model: a dense model, one of {sorted(m for m in MODELS if 'attn' not in m)}")
+    if a.model not in FAMILIES:
+        ap.error(f"--model: one of {sorted(FAMILIES)}")
     tps, base = [int(t) for t in a.tps.split(",")], [int(t) for t in a.base.split(",") if t]
     if not set(base) <= set(tps):
         ap.error("--base must be among --tps")
-    for t in tps:  # a TP whose shard leaves no room for KV cannot serve
-        if ClusterCost.dense(MODELS[a.model], t).kv_capacity_tokens <= 0:
-            ap.error(f"--tps: {a.model} at TP{t} leaves no memory for the KV cache")
+    for t in tps:  # a size whose shard leaves no room for KV cannot serve
+        try:
+            room = FAMILIES[a.model][1](t).kv_capacity_tokens
+        except ValueError as e:
+            ap.error(f"--tps: {e}")
+        if room <= 0:
+            ap.error(f"--tps: {a.model} at {t} leaves no memory for the KV cache")
     lines: list[str] = []
 
     def say(s: str) -> None:

@@ -17,6 +17,7 @@ def test_per_role_splits_use_every_gpu_with_both_roles():
     assert pd_role_tp.role_splits(8, 1, 2, 6) == [(2, 3), (4, 2), (6, 1)]
     assert pd_role_tp.role_splits(8, 4, 2, 6) == [(1, 2)]
     assert pd_role_tp.role_splits(8, 8, 1, 6) == []  # no GPU left to decode on
+    assert pd_role_tp.role_splits(32, 8, 16, 6) == [(2, 1)]  # the MoE: DP8 groups prefilling for a DP16 group
     many = pd_role_tp.role_splits(128, 1, 2, 6)
     assert 1 < len(many) <= 6 and all(p + 2 * d == 128 and p >= 1 and d >= 1 for p, d in many)
 
@@ -50,3 +51,6 @@ def test_the_script_prints_a_line_per_cell_and_writes_json(tmp_path):
     bad = subprocess.run([sys.executable, "benchmarks/pd_role_tp.py", "--base", "3"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--base must be among --tps" in bad.stderr
+    bad = subprocess.run([sys.executable, "benchmarks/pd_role_tp.py", "--model", "qwen3-30b-a3b", "--tps", "8,12",
+                          "--base", "8"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "DP-attention groups of 8" in bad.stderr
