@@ -17,7 +17,8 @@ under:
 Prints per cell the best uniform layout, the best per-role split and their speed ratio (above 1:
 the per-role split is faster), and each guided run's speed over the best per-role split (above 1:
 guided is faster); a summary line per GPU count; writes JSON. The base TP's colocated, static and
-guided makespans are the ones `pd_allocation.py` gets for that preset (same seeds, same load).
+guided makespans are the ones `pd_allocation.py` gets for that preset (same seeds, same load,
+where trajectories a GPU times `--scale` is whole, as at the default 1.0).
 
     python benchmarks/pd_role_tp.py --gpus 8 --seeds 0
     python benchmarks/pd_role_tp.py --gpus 8,32 --out docs/results/pd_role_tp.json --table docs/results/pd_role_tp.txt

@@ -33,6 +33,14 @@ def test_the_base_tp_runs_are_pd_allocations():
     assert mine["best_per_role_s"] == min(mine["per_role"].values())
 
 
+def test_the_moe_sizes_are_its_dp_groups_and_its_base_runs_pd_allocations():
+    base = pd_allocation.run_seed("web", "async", 2, 0, PRESETS["qwen3-30b-a3b-dp8ep8"](), 0.25)
+    mine = pd_role_tp.run_seed("qwen3-30b-a3b", "web", "async", 16, 0, [8, 16], [8], 6, 0.25)
+    assert mine["uniform"]["colocated@dp8"] == base["colocated_s"] and mine["guided"]["guided@dp8"] == base["guided_s"]
+    assert mine["uniform"]["1P1D@dp8"] == base["statics"]["static-1P"]
+    assert set(mine["uniform"]) == {"colocated@dp8", "1P1D@dp8", "colocated@dp16"} and mine["per_role"] == {}
+
+
 def test_the_script_prints_a_line_per_cell_and_writes_json(tmp_path):
     out = tmp_path / "r.json"
     p = subprocess.run([sys.executable, "benchmarks/pd_role_tp.py", "--gpus", "8", "--seeds", "0", "--workloads",
