@@ -29,7 +29,6 @@ where trajectories a GPU times `--scale` is whole, as at the default 1.0).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import sys
@@ -38,17 +37,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
-from benchmarks.pd_allocation import SPLITS, code_version, phase_before, splits  # noqa: E402
+from benchmarks.pd_allocation import SPLITS, code_version, engine_workload, phase_before, splits, spread  # noqa: E402
 from benchmarks.sim.cluster import Cluster, Policy  # noqa: E402
 from benchmarks.sim.cost import ClusterCost  # noqa: E402
 from benchmarks.sim.shape import MODELS  # noqa: E402
+from benchmarks.sim.workload import WORKLOADS  # noqa: E402
 
 # what an engine of size n is, by model: (its label, its cost); a dense model's n is its TP, the
 # MoE's its DP-attention group (`ClusterCost.moe_dp`: 8, 16 or 32 ranks)
 FAMILIES = {m: ("tp", lambda n, shape=shape: ClusterCost.dense(shape, n)) for m, shape in MODELS.items()
             if "attn" not in m}
 FAMILIES["qwen3-30b-a3b"] = ("dp", ClusterCost.moe_dp)
-from benchmarks.sim.workload import WORKLOADS  # noqa: E402
 
 
 def role_splits(gpus: int, a: int, b: int, most: int) -> list[tuple[int, int]]:
@@ -67,9 +66,7 @@ def run_seed(model: str, workload: str, mode: str, gpus: int, seed: int, tps: li
     label, make = FAMILIES[model]
     costs = {t: make(t) for t in tps}
     in_flight = round(WORKLOADS[workload].per_gpu * scale * gpus)
-    # per engine as `pd_allocation.engine_workload` sets it, so a base TP's runs are that script's
-    wl = {t: dataclasses.replace(WORKLOADS[workload], per_gpu=max(1, round(WORKLOADS[workload].per_gpu * scale * t)))
-          for t in tps}
+    wl = {t: engine_workload(workload, costs[t], scale) for t in tps}  # as pd_allocation.py runs each size
 
     def one(policy: Policy, t: int, engines: int, prefill_cost: ClusterCost | None = None, warm=None) -> float:
         return Cluster(wl[t], engines, policy, mode, seed=seed, cost=costs[t], warm=warm,
@@ -101,8 +98,8 @@ def run_seed(model: str, workload: str, mode: str, gpus: int, seed: int, tps: li
 
 
 def median_ratio(runs: list[dict], num, den) -> tuple[float, float, float]:
-    xs = [num(r) / den(r) for r in runs]
-    return statistics.median(xs), min(xs), max(xs)
+    s = spread([num(r) / den(r) for r in runs])
+    return s["median"], s["min"], s["max"]
 
 
 def cell_line(c: dict) -> str:
@@ -163,8 +160,8 @@ def main() -> None:
         for c in cells:
             say(cell_line(c))
         report(cells, sum(r["wall_s"] for r in runs), say)
-        out = {"parts": [r.get("parts", [r["args"]]) for r in runs], "wall_s": sum(r["wall_s"] for r in runs),
-               "cells": cells}
+        parts = [x for r in runs for x in (r["parts"] if "parts" in r else [r["args"]])]  # a joined file's own
+        out = {"parts": parts, "wall_s": sum(r["wall_s"] for r in runs), "cells": cells}
     else:
         cells = []
         for g in [int(x) for x in a.gpus.split(",")]:

@@ -56,6 +56,11 @@ def test_the_script_prints_a_line_per_cell_and_writes_json(tmp_path):
                            cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert again.returncode == 0, again.stderr
     assert len(json.loads(joined.read_text())["cells"]) == 2 and table.read_text().count("math   sync    8 GPUs") == 2
+    rejoined = tmp_path / "jj.json"  # a joined file joins again, its parts kept
+    again = subprocess.run([sys.executable, "benchmarks/pd_role_tp.py", "--render", f"{joined},{out}",
+                            "--out", str(rejoined)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0, again.stderr
+    assert len(json.loads(rejoined.read_text())["parts"]) == 3 and len(json.loads(rejoined.read_text())["cells"]) == 3
     bad = subprocess.run([sys.executable, "benchmarks/pd_role_tp.py", "--base", "3"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--base must be among --tps" in bad.stderr
