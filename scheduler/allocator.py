@@ -126,9 +126,13 @@ class Allocator:
     """Holds every engine's role state; `allocate` decides moves, `drained` completes them."""
 
     def __init__(self, engine_ids: Iterable[str], capacity: Capacity | None = None,
-                 config: AllocatorConfig | None = None, initial: Layout | None = None, now: float = 0.0):
+                 config: AllocatorConfig | None = None, initial: Layout | None = None, now: float = 0.0,
+                 prefill_capacity: Capacity | None = None):
+        """`prefill_capacity`: the prefill engines' own step model, where they run at another size
+        than the rest (per-role parallelism, fixed at launch: `scheduler.launch`); default `capacity`."""
         ids = sorted(engine_ids)
         self.capacity = capacity or Capacity()
+        self.prefill_capacity = prefill_capacity
         self.config = config or AllocatorConfig()
         if self.config.estimate not in ESTIMATES:
             raise ValueError(f"unknown estimate {self.config.estimate!r}; one of {', '.join(ESTIMATES)}")
@@ -182,13 +186,15 @@ class Allocator:
         # the engines whose caches a turn's prefill can start from: those that prefill, or, where KV
         # moves between engines (`response_kv_pushed`), every engine: a prefill engine that evicted a
         # conversation reads it back from the engine that decoded it (its KV stays there, cached)
+        pcap = self.prefill_capacity or cap
         holders = p + dec + m if self.config.response_kv_pushed else prefillers
-        tokens = self.prefill_tokens(d, holders, split=False)
+        kv = p * pcap.kv_tokens + (holders - p) * cap.kv_tokens
+        tokens = self.prefill_tokens(d, holders, split=False, kv=kv)
         extra = 0.0 if self.config.response_kv_pushed or not tokens else d.turns * d.mean_response / tokens
         # a turn's prefill attends to the conversation before it: the prefill-weighted context
         # (the turns that prefill most are the long conversations), or the mean one if unknown
         pfx = d.prefill_prefix or ctx
-        rate = cap.prefill_rate(pfx)
+        rate = pcap.prefill_rate(pfx)
 
         def prefill_side(x: float) -> float:  # x tokens on the prefill engines
             return x * (1.0 + extra) / (p * rate) if p else 0.0
@@ -240,7 +246,7 @@ class Allocator:
         # a turn's prefill, with the recompute the estimate adds (conversations the KV cannot hold)
         tp = d.turn_prefill * (tokens / d.prefill_tokens if d.prefill_tokens > 0 else 1.0)
         pfx = d.turn_prefix or pfx
-        c_p = (1.0 + extra) / max(cap.prefill_rate(pfx), 1e-9)  # seconds a token on a prefill engine
+        c_p = (1.0 + extra) / max((self.prefill_capacity or cap).prefill_rate(pfx), 1e-9)  # seconds a token on a prefill engine
         k = min(cap.chunk_tokens, max(tp, 1.0))
         c_m = max(cap.step_s(1, ctx, k, pfx) - cap.step_s(1, ctx, 0.0), 0.0) / k  # ... beside decodes
 
@@ -282,16 +288,17 @@ class Allocator:
         burst = (backlog / speed if speed > 0 else 0.0) + steps * latency(lo)[1]
         return max(d.turns / lo, burst)
 
-    def prefill_tokens(self, d: Demand, holders: int, split: bool) -> float:
+    def prefill_tokens(self, d: Demand, holders: int, split: bool, kv: float | None = None) -> float:
         """Prefill the engines will really do: the forecast deltas, plus, on a prefill engine,
         the last response it never saw (`split`, unless its KV is pushed back), plus full
         recompute for the share of live contexts that cannot stay cached on the `holders`
-        engines' KV."""
+        engines' KV (`kv` tokens in all; default: `holders` engines of `capacity`'s)."""
         need = d.live * d.mean_context
         # turns come back to the same engines in a cycle, so an LRU prefix cache that cannot hold
         # them all loses nearly every one (a cliff, not a slope): miss rises from 0 at 90% full to
         # 1 at 110% (the simulator's cache evicts down to 90%)
-        fill = need / (holders * self.capacity.kv_tokens) if holders and need > 0 else 0.0
+        kv = holders * self.capacity.kv_tokens if kv is None else kv
+        fill = need / kv if holders and kv > 0 and need > 0 else 0.0
         miss = min(max((fill - 0.9) / 0.2, 0.0), 1.0)
         extra = d.turns * d.mean_response if split and not self.config.response_kv_pushed else 0.0
         return d.prefill_tokens + extra + d.turns * miss * d.mean_context
