@@ -55,18 +55,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a scri
 from benchmarks.sim.cluster import Cluster, Policy, Result, Warm  # noqa: E402
 from benchmarks.sim.cost import PRESETS, ClusterCost  # noqa: E402
 from benchmarks.sim.workload import WORKLOADS, Workload  # noqa: E402
+from scheduler.launch import splits  # noqa: E402
 
-SPLITS = (1 / 8, 1 / 4, 3 / 8, 1 / 2, 5 / 8, 3 / 4)
 CHUNKS = (512, 2048, 8192)  # colocated step budgets tried (tokens a rank); 2,048 is vLLM's default
 REGIME = {"llama3-8b-tp1": "dense 8B TP1", "qwen2.5-32b-tp2": "dense 32B TP2", "qwen2.5-32b-tp4": "dense 32B TP4",
           "qwen3-30b-a3b-dp8ep8": "MoE DP8-attention EP8", "qwen3-30b-a3b-dp16ep16": "MoE DP16-attention EP16",
           "qwen3-30b-a3b-dp32ep32": "MoE DP32-attention EP32", "legacy": "legacy"}
-
-
-def splits(n: int) -> list[int]:
-    if n <= 8:
-        return list(range(1, n))
-    return sorted({min(max(1, round(f * n)), n - 1) for f in SPLITS})
 
 
 def code_version() -> str:

@@ -37,28 +37,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
-from benchmarks.pd_allocation import SPLITS, code_version, engine_workload, phase_before, splits, spread  # noqa: E402
+from benchmarks.pd_allocation import code_version, engine_workload, phase_before, spread  # noqa: E402
 from benchmarks.sim.cluster import Cluster, Policy  # noqa: E402
 from benchmarks.sim.cost import ClusterCost  # noqa: E402
 from benchmarks.sim.shape import MODELS  # noqa: E402
 from benchmarks.sim.workload import WORKLOADS  # noqa: E402
+from scheduler.launch import role_splits, splits  # noqa: E402
 
 # what an engine of size n is, by model: (its label, its cost); a dense model's n is its TP, the
 # MoE's its DP-attention group (`ClusterCost.moe_dp`: 8, 16 or 32 ranks)
 FAMILIES = {m: ("tp", lambda n, shape=shape: ClusterCost.dense(shape, n)) for m, shape in MODELS.items()
             if "attn" not in m}
 FAMILIES["qwen3-30b-a3b"] = ("dp", ClusterCost.moe_dp)
-
-
-def role_splits(gpus: int, a: int, b: int, most: int) -> list[tuple[int, int]]:
-    """(prefill engines at TP a, decode engines at TP b) using every GPU, at most `most` of them:
-    where there are more, the ones whose prefill share of the GPUs is nearest `SPLITS`."""
-    out = [(p, (gpus - p * a) // b) for p in range(1, gpus // a + 1)
-           if gpus - p * a >= b and (gpus - p * a) % b == 0]
-    if len(out) <= most:
-        return out
-    picked = {min(out, key=lambda pd: abs(pd[0] * a / gpus - f)) for f in SPLITS}
-    return sorted(picked)[:most]
 
 
 def run_seed(model: str, workload: str, mode: str, gpus: int, seed: int, tps: list[int], base: list[int],

@@ -63,6 +63,21 @@ class Capacity:
     def samples(self) -> int:
         return self._n
 
+    def profile(self) -> dict:
+        """The fitted model as plain data (`from_profile`), to keep beside the size it was measured
+        at (`scheduler.launch`): the step terms and budgets, not the fit's sums."""
+        return {"step": list(self.step), "kv_tokens": self.kv_tokens, "chunk_tokens": self.chunk_tokens,
+                "rank_tokens": self.rank_tokens, "prefill_tok_s": self.prefill_tok_s, "samples": self._n,
+                "chunks": self._chunks}
+
+    @classmethod
+    def from_profile(cls, p: dict) -> Capacity:
+        """A capacity that prices steps as the profiled one did (refitting starts from it as a prior)."""
+        cap = cls(prefill_tok_s=p.get("prefill_tok_s"), step=list(p["step"]), kv_tokens=float(p["kv_tokens"]),
+                  chunk_tokens=int(p["chunk_tokens"]), rank_tokens=int(p["rank_tokens"]))
+        cap._n, cap._chunks = int(p.get("samples", 0)), int(p.get("chunks", 0))
+        return cap
+
     def step_s(self, batch: float, ctx_per_seq: float, prefill_tokens: float = 0.0, prefix: float = 0.0) -> float:
         b, s, c, r, m, k, a = self.step
         t = b + s * batch + c * batch * ctx_per_seq

@@ -20,6 +20,8 @@
     {p}engines                    hash   engine id -> EngineInfo json
     {p}engine:{id}:load           hash   worker id -> "tokens@unix time" it has in flight on that engine (TTL)
     {p}engine:{id}:down           string present while a worker's probe finds the engine down (TTL)
+    {p}launch:profiles:{model}    hash   engine size (GPUs) -> the step model the allocator measured there (json)
+    {p}launch:phase               list   the allocator's recent decisions: time and demand (json, newest first, capped)
     {p}workers                    hash   env worker id -> WorkerInfo json
     {p}worker:{id}:alive          string present while the env worker heartbeats (TTL)
     {p}stats                      hash   counters: finished:{state}, failure:{kind}, tokens:{kind}, attempts, restarts,
@@ -125,6 +127,13 @@ class Keys:
 
     def engine_down(self, eid: str) -> str:
         return f"{self.prefix}engine:{eid}:down"
+
+    def launch_profiles(self, model: str) -> str:
+        return f"{self.prefix}launch:profiles:{model}"
+
+    @property
+    def launch_phase(self) -> str:
+        return f"{self.prefix}launch:phase"
 
     @property
     def turn_timings(self) -> str:

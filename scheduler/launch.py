@@ -10,8 +10,13 @@ size's step model as measured on engines of that size (a `Capacity` per size), a
 candidates best first. A launch's score is the allocator's own estimate (`Allocator.estimate`)
 summed over the phase's decisions, its prefill engines priced at their size's capacity.
 
-    ranked = plan([Launch(4, 0, 2), Launch(8, 2, 0, prefill=8, prefill_size=1)], demands, {1: c1, 4: c4, 8: c8})
-    best, seconds = ranked[0]
+    ranked = plan(candidates(32, [1, 4, 8]), demands, {1: c1, 4: c4, 8: c8})
+    best, seconds = ranked[0]   # e.g. Launch(8, 3, prefill=8, prefill_size=1): 8 x 1 GPU prefill, 3 x 8 decode
+
+The live allocator (`scheduler.pd_control`) records each decision's demand and, for engines of
+one size, its measured step model (`Registry.record_phase`, `save_profile`); `rollout launch-plan`
+ranks launches from them. Only sizes some phase ran at are compared: a size never run has no
+measured step model, and this module does not extrapolate one.
 
 Non-goals: starting engines (the deployment does), moving roles within a launch (the allocator),
 measuring (`scheduler.capacity`), forecasting (`scheduler.forecast`).
@@ -25,6 +30,28 @@ from dataclasses import dataclass
 from scheduler.allocator import INF, Allocator, AllocatorConfig, Layout
 from scheduler.capacity import Capacity
 from scheduler.forecast import Demand
+
+
+# a split's prefill share of the engines, where there are too many engines to try every split
+SPLITS = (1 / 8, 1 / 4, 3 / 8, 1 / 2, 5 / 8, 3 / 4)
+
+
+def splits(n: int) -> list[int]:
+    """Prefill engine counts to try among `n` engines: every one up to 8 engines, else `SPLITS`."""
+    if n <= 8:
+        return list(range(1, n))
+    return sorted({min(max(1, round(f * n)), n - 1) for f in SPLITS})
+
+
+def role_splits(gpus: int, a: int, b: int, most: int) -> list[tuple[int, int]]:
+    """(prefill engines of size a, decode engines of size b) using every GPU, at most `most` of
+    them: where there are more, the ones whose prefill share of the GPUs is nearest `SPLITS`."""
+    out = [(p, (gpus - p * a) // b) for p in range(1, gpus // a + 1)
+           if gpus - p * a >= b and (gpus - p * a) % b == 0]
+    if len(out) <= most:
+        return out
+    picked = {min(out, key=lambda pd: abs(pd[0] * a / gpus - f)) for f in SPLITS}
+    return sorted(picked)[:most]
 
 
 @dataclass(slots=True, frozen=True)
@@ -55,6 +82,29 @@ class Launch:
     @property
     def layout(self) -> Layout:
         return Layout(self.prefill, self.decode, self.mixed)
+
+    def describe(self) -> str:
+        if not self.prefill and not self.decode:
+            return f"{self.mixed} colocated x {self.size} GPU"
+        head = f"{self.prefill} prefill x {self.prefill_gpus} GPU + {self.decode} decode x {self.size} GPU"
+        return head + (f" + {self.mixed} mixed x {self.size} GPU" if self.mixed else "")
+
+
+def candidates(gpus: int, sizes: Iterable[int], most: int = 6) -> list[Launch]:
+    """Launches of `gpus` GPUs: colocated and every split (`splits`) at each size that divides
+    them, and splits whose prefill and decode engines differ in size (`role_splits`)."""
+    sizes = sorted(set(sizes))
+    out = []
+    for t in sizes:
+        n = gpus // t
+        if n >= 1 and gpus % t == 0:
+            out.append(Launch(t, 0, n))
+            out += [Launch(t, n - p, prefill=p) for p in splits(n)] if n >= 2 else []
+    for a in sizes:
+        for b in sizes:
+            if a != b:
+                out += [Launch(b, d, prefill=p, prefill_size=a) for p, d in role_splits(gpus, a, b, most)]
+    return out
 
 
 def score(launch: Launch, demands: Iterable[Demand], profiles: Mapping[int, Capacity],

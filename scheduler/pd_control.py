@@ -15,6 +15,10 @@ role and is named in the log once, so nothing depends on `kv_both` silently.
 Capacity: with `measure` (as `rollout allocator` runs it) the step model is fitted to the turns
 workers report (`scheduler.timing`: vLLM's per-request prefill and decode seconds), so the
 allocator reads measured rates; without it, the `Capacity` given (a prior) as it is.
+
+It also keeps what launch planning needs (`scheduler.launch`, `rollout launch-plan`): each
+decision's demand while there is work, and the measured step model under the engines' size
+(`EngineInfo.gpus`) and model; roles move here, an engine's size only when it is launched again.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ class PDController:
         self.clock = clock
         self.allocator: Allocator | None = None
         self._kept_out: set[str] = set()  # engines already logged as not switchable
+        self._mixed_logged = False  # engines of several sizes: said once
 
     def _sync(self, engines: dict[str, str], now: float, read_back: bool = False) -> Allocator:
         """(Re)build the allocator when the set of engines changes, starting from their roles.
@@ -72,7 +77,10 @@ class PDController:
         now = self.clock()
         if self.measure:
             feed(self.capacity, await self.registry.take_timings())
-        infos = [e for e in await self.registry.engines() if self._switchable(e)]
+        engines = await self.registry.engines()
+        d = Demand.from_report(await self.registry.phases(), self.horizon_s)
+        await self._record(engines, d)
+        infos = [e for e in engines if self._switchable(e)]
         if not infos:
             return []
         fresh = self.allocator is None or set(self.allocator.engines) != {e.id for e in infos}
@@ -91,7 +99,6 @@ class PDController:
                 role = a.drained(eid, now)
                 await self.registry.set_role(eid, role.value)
                 log.info("engine switched role", extra={"engine": eid, "role": role.value})
-        d = Demand.from_report(await self.registry.phases(), self.horizon_s)
         moves = a.allocate(d, {e: tokens / self.drain_tok_s for e, (tokens, _) in loads.items()}, now)
         for m in moves:
             if a.engines[m.engine].accepts:  # routing only: it serves the new role at once
@@ -102,6 +109,21 @@ class PDController:
             log.info("engine draining for a new role", extra={"engine": m.engine, "from": m.old.value,
                                                               "to": m.new.value})
         return moves
+
+    async def _record(self, engines: list, d: Demand) -> None:
+        """What launch planning reads (`rollout launch-plan`): each decision's demand while there is
+        work, and the measured step model under the engines' size, where they all share one size
+        and one model (a fit over engines of several sizes belongs to none of them)."""
+        if d.live > 0 or d.prefill_tokens > 0:
+            await self.registry.record_phase(d)
+        kinds = {(e.model, e.gpus) for e in engines}
+        if self.measure and self.capacity.samples and len(kinds) == 1:
+            model, size = kinds.pop()
+            await self.registry.save_profile(model, size, self.capacity)
+        elif self.measure and len(kinds) > 1 and not self._mixed_logged:
+            self._mixed_logged = True
+            log.warning("engines of several models or sizes: their measured speed is saved for none "
+                        "(launch planning)", extra={"kinds": sorted(f"{m}@{g}" for m, g in kinds)})
 
     def _switchable(self, e) -> bool:
         ok = e.can_serve is not None and {r.value for r in Role} <= set(e.can_serve)

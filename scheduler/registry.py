@@ -10,13 +10,17 @@ a cache of them.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import random
 import time
 
 import redis.asyncio as aioredis
 from redis.exceptions import WatchError
 
+from scheduler.capacity import Capacity
 from scheduler.connection import UNAVAILABLE
+from scheduler.forecast import Demand
 from scheduler.keys import Keys
 from scheduler.timing import TurnTiming
 from wire import EngineInfo, WorkerInfo
@@ -116,6 +120,33 @@ class Registry:
                 out.append(TurnTiming.loads(v))
             except ValueError:
                 continue  # not ours to fail on: one malformed entry is skipped
+        return out
+
+    async def save_profile(self, model: str, size: int, capacity: Capacity) -> None:
+        """The step model measured on engines of `size` GPUs serving `model` (the newest replaces it)."""
+        await self.r.hset(self.k.launch_profiles(model), str(size), json.dumps(capacity.profile()))
+
+    async def profiles(self, model: str) -> dict[int, Capacity]:
+        """Every engine size a step model was measured at for `model`."""
+        raw = await self.r.hgetall(self.k.launch_profiles(model))
+        return {int(k): Capacity.from_profile(json.loads(v)) for k, v in raw.items()}
+
+    async def record_phase(self, demand: Demand, at: float | None = None, keep: int = 720) -> None:
+        """One allocation decision's demand (the newest `keep` are kept: an hour at 5 s a decision)."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.lpush(self.k.launch_phase, json.dumps({"at": time.time() if at is None else at,
+                                                    "demand": dataclasses.asdict(demand)}))
+        pipe.ltrim(self.k.launch_phase, 0, keep - 1)
+        await pipe.execute()
+
+    async def phase(self, since: float = 0.0) -> list[Demand]:
+        """The recorded decisions' demands from `since` (unix time) on, oldest first."""
+        fields = {f.name for f in dataclasses.fields(Demand)}
+        out = []
+        for raw in reversed(await self.r.lrange(self.k.launch_phase, 0, -1)):
+            rec = json.loads(raw)
+            if rec["at"] >= since:
+                out.append(Demand(**{k: v for k, v in rec["demand"].items() if k in fields}))
         return out
 
     async def report_phases(self, worker_id: str, values: dict[str, int], ttl_s: int = 10) -> None:

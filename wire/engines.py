@@ -18,6 +18,8 @@ class EngineInfo(Input):
     id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")
     url: str = Field(min_length=8, max_length=512, pattern=r"^https?://[A-Za-z0-9._\[\]-]+(:" + PORT + r")?(/[!-~]*)?$")
     model: str = Field("default", max_length=200)
+    gpus: Int = Field(1, ge=1, le=4096, description="GPUs the engine runs on: its tensor parallelism (or its data-"
+                                                   "parallel attention group). Launch planning compares sizes by it.")
 
     @field_validator("url")
     @classmethod

@@ -6,6 +6,7 @@
     rollout export BATCH -o b.jsonl             # a self-contained recording of the batch
     rollout replay b.jsonl [--score MOD:FUNC | --engine-url URL]   # re-run its envs (re-score, re-sample)
     rollout envs [FAMILY]                       # environments this machine can host
+    rollout launch-plan --gpus 32               # engine sizes and roles to launch, from the last phase
 
 and the single-process entry points a deployment runs: `gateway`, `worker`, `env-worker`,
 `sim-engine`. Every option has `--help`; the gateway URL comes from `--url` or
@@ -15,6 +16,7 @@ and the single-process entry points a deployment runs: `gateway`, `worker`, `env
     admin.py        the commands that talk to a gateway, through the public SDK
     replay.py       `replay`: a recording, re-run here (no gateway)
     envs.py         `rollout envs`: what an env worker here would host
+    launch.py       `launch-plan`: which engines to launch next, from what the allocator recorded
     __init__.py     the parser and `main`
 """
 
@@ -37,6 +39,7 @@ from rollout_service.cli.admin import (
     cmd_workers,
 )
 from rollout_service.cli.envs import cmd_envs
+from rollout_service.cli.launch import cmd_launch_plan
 from rollout_service.cli.processes import (
     cmd_allocator,
     cmd_engine,
@@ -107,6 +110,20 @@ def build_parser() -> argparse.ArgumentParser:
                          "turn rate its closed loop of trajectories sustains (closer to the simulator on dense "
                          "models, not a better guide there: benchmarks/sim/README.md)")
     sp.set_defaults(fn=cmd_allocator)
+
+    sp = sub.add_parser("launch-plan", help="rank engine launches (each role's size and count) for the next phase",
+                        description="From the demand `rollout allocator` recorded over the recent rollout phase and "
+                                    "the speed it measured on engines of each size (Redis: $ROLLOUT_REDIS_URL), rank "
+                                    "the launches of --gpus GPUs: colocated, split, and split with prefill and decode "
+                                    "engines of different sizes. Only measured sizes are compared.")
+    sp.add_argument("--gpus", type=int, default=0, help="GPUs of the launch (default: those of the engines now)")
+    sp.add_argument("--model", default=None, help="served model (default: the engines' one model)")
+    sp.add_argument("--minutes", type=float, default=0.0, help="plan on the last MINUTES of decisions (default: "
+                    "all recorded, the last 720)")
+    sp.add_argument("--top", type=int, default=10, help="launches to print (default 10)")
+    sp.add_argument("--most", type=int, default=6, help="splits tried per pair of sizes (default 6)")
+    sp.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    sp.set_defaults(fn=cmd_launch_plan)
 
     sp = sub.add_parser("env-worker", help="run an env worker (hosts environments over HTTP)")
     sp.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
@@ -185,6 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--model", default="default", help="served model name (add)")
     sp.add_argument("--tokenizer", default="byte", help="'byte' or a local tokenizer folder (add)")
     sp.add_argument("--kind", default="vllm", help="engine kind: which client speaks to it (add; default vllm)")
+    sp.add_argument("--gpus", type=int, default=1, help="GPUs the engine runs on: its tensor parallelism (add; "
+                    "default 1; launch-plan compares sizes by it)")
 
     client_cmd("workers", "list live env workers", cmd_workers)
 

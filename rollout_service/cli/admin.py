@@ -150,20 +150,21 @@ def cmd_cancel(args) -> None:
 def cmd_engines(args) -> None:
     with _client(args) as c:
         if args.action == "add":
-            c.register_engine(args.id, args.engine_url, model=args.model, tokenizer=args.tokenizer, kind=args.kind)
+            c.register_engine(args.id, args.engine_url, model=args.model, tokenizer=args.tokenizer, kind=args.kind,
+                              gpus=args.gpus)
         elif args.action == "rm":
             c.deregister_engine(args.id)
         elif args.action == "role":
             if args.engine_url not in ("prefill", "decode", "mixed"):
                 raise SystemExit("usage: rollout engines role ID prefill|decode|mixed")
             c.set_engine_role(args.id, args.engine_url)
-        table = Table("id", "kind", "url", "model", "role", "state", "can serve", "KV connector", "policy version",
-                      "tokenizer")
+        table = Table("id", "kind", "url", "model", "GPUs", "role", "state", "can serve", "KV connector",
+                      "policy version", "tokenizer")
         for e in c.engines():
             state = f"{e['state']} -> {e['next_role']}" if e.get("next_role") else e["state"]
             # what the engine's KV connector allows, as workers detected it ("?": not asked yet)
             can = ", ".join(e["can_serve"]) if e.get("can_serve") else "?"
-            table.add_row(e["id"], e["kind"], e["url"], e["model"], e["role"], state, can,
+            table.add_row(e["id"], e["kind"], e["url"], e["model"], str(e.get("gpus", 1)), e["role"], state, can,
                           e.get("kv") or "not detected yet", str(e["policy_version"]), e["tokenizer"])
         console.print(table)
 

@@ -3,6 +3,8 @@ draining before a switch, and routers that stop sending work to a draining engin
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from rollout_service.engines.fleet import Fleet
@@ -190,3 +192,39 @@ def test_rollout_allocator_names_the_estimate(capsys):
     with pytest.raises(SystemExit) as e:
         parser.parse_args(["allocator", "--estimate", "guess"])
     assert e.value.code == 2 and "closed_loop" in capsys.readouterr().err
+
+
+async def test_the_controller_keeps_what_launch_planning_reads(redis, keys):
+    """Each decision's demand while there is work, and the measured step model under the engines'
+    one size and model; engines of two sizes get none (a fit over both belongs to neither)."""
+    reg = Registry(redis, keys)
+    for eid in ("e0", "e1"):
+        await reg.add_engine(EngineInfo(id=eid, url=f"http://127.0.0.1:9/{eid}", model="m", gpus=4, can_serve=ALL))
+    for _ in range(64):
+        await reg.report_timing(TurnTiming("e0", 1000, 3000, 33, 0.5, 1.28, 4, True))
+    ctl = PDController(reg, clock=lambda: 100.0, measure=True)
+    await ctl.step()
+    assert await reg.phase() == []  # no work reported: an idle cluster's decisions are not a phase
+    await reg.report_phases("w1", PREFILL_HEAVY)
+    await ctl.step()
+    await ctl.step()
+    phase = await reg.phase()
+    assert len(phase) == 2 and phase[0] == Demand.from_report(PREFILL_HEAVY, ctl.horizon_s)
+    saved = await reg.profiles("m")
+    assert list(saved) == [4] and saved[4].step == ctl.capacity.step and saved[4].samples == 64
+    assert saved[4].prefill_rate() == ctl.capacity.prefill_rate()
+    assert await reg.phase(since=time.time() + 60) == []  # only decisions from then on
+
+    await reg.add_engine(EngineInfo(id="e2", url="http://127.0.0.1:9/e2", model="m", gpus=1, can_serve=ALL))
+    for _ in range(64):
+        await reg.report_timing(TurnTiming("e2", 1000, 3000, 33, 0.1, 0.3, 4, True))
+    await ctl.step()
+    assert list(await reg.profiles("m")) == [4] and (await reg.profiles("m"))[4].samples == 64  # kept as it was
+
+
+async def test_the_phase_record_is_capped(redis, keys):
+    reg = Registry(redis, keys)
+    d = Demand.from_report(PREFILL_HEAVY, 10.0)
+    for i in range(5):
+        await reg.record_phase(d, at=float(i), keep=3)
+    assert len(await reg.phase()) == 3 and len(await reg.phase(since=3.0)) == 2
