@@ -35,11 +35,8 @@ def test_the_phase_before_is_measured_at_each_size():
     assert got[4][0].step != got[2][0].step
 
 
-def test_the_script_picks_a_launch_of_the_table(tmp_path):
-    table = tmp_path / "t.json"
-    p = subprocess.run([sys.executable, "benchmarks/pd_role_tp.py", "--gpus", "8", "--seeds", "0", "--workloads",
-                        "math", "--modes", "sync", "--tps", "2,4", "--base", "4", "--scale", "0.25", "--out", str(table)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+def test_the_script_picks_a_launch_of_the_table(tmp_path, role_tp_table):
+    p, table = role_tp_table
     assert p.returncode == 0, p.stderr
     out, txt = tmp_path / "l.json", tmp_path / "l.txt"
     p = subprocess.run([sys.executable, "benchmarks/pd_launch.py", "--table-json", str(table), "--out", str(out),

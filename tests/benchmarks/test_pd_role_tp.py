@@ -41,11 +41,8 @@ def test_the_moe_sizes_are_its_dp_groups_and_its_base_runs_pd_allocations():
     assert set(mine["uniform"]) == {"colocated@dp8", "1P1D@dp8", "colocated@dp16"} and mine["per_role"] == {}
 
 
-def test_the_script_prints_a_line_per_cell_and_writes_json(tmp_path):
-    out = tmp_path / "r.json"
-    p = subprocess.run([sys.executable, "benchmarks/pd_role_tp.py", "--gpus", "8", "--seeds", "0", "--workloads",
-                        "math", "--modes", "sync", "--tps", "2,4", "--base", "4", "--scale", "0.25", "--out", str(out)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+def test_the_script_prints_a_line_per_cell_and_writes_json(tmp_path, role_tp_table):
+    p, out = role_tp_table
     assert p.returncode == 0, p.stderr
     assert "math   sync    8 GPUs: best uniform" in p.stdout and "guided@tp4 over best per-role" in p.stdout
     cell = json.loads(out.read_text())["cells"][0]
