@@ -11,6 +11,9 @@ with what it could have measured in the rollout phase before (same workload, see
   the H200 measurements the simulator runs on) for every size;
 - the demand the forecaster saw at each decision of that phase at a base size (`--base`).
 
+`kept` is `measured` where the pick's estimate beats colocation at the base size by the share a
+role move must win (`AllocatorConfig.min_gain`, 10%), and colocation at the base size otherwise.
+
 `scheduler.launch.plan` ranks the cell's launches by the allocator's estimate summed over those
 demands; its first pick's makespan is read from the table (the same seed, the same trajectories).
 Prints per cell the pick and its speed against the table's best launch (a hindsight oracle: 1.00x
@@ -94,9 +97,14 @@ def run_seed(model: str, cell: dict, run: dict, sizes: list[int], base: list[int
         demands = phase[b][1]
         for source, prof in profiles.items():
             ranked = plan(launches.values(), demands, prof, config)
-            name = next(n for n, lay in launches.items() if lay == ranked[0][0])
-            picks[f"{source}@{label}{b}"] = {"launch": name, "makespan_s": table[name],
-                                             "decisions": len(demands)}
+            est = {next(n for n, lay in launches.items() if lay == c): sec for c, sec in ranked}
+            name, now = next(iter(est)), f"colocated@{label}{b}"
+            picks[f"{source}@{label}{b}"] = {"launch": name, "makespan_s": table[name], "decisions": len(demands),
+                                             "estimated_gain": est[now] / est[name]}
+            if source == "measured":  # relaunch only for a gain a role move would need too (`min_gain`)
+                keep = est[name] > (1.0 - config.min_gain) * est[now]
+                picks[f"kept@{label}{b}"] = {**picks[f"{source}@{label}{b}"], "launch": now if keep else name,
+                                             "makespan_s": table[now if keep else name]}
     return {"seed": run["seed"], "best": best, "best_s": table[best], "picks": picks,
             "colocated": {f"{label}{b}": run["uniform"][f"colocated@{label}{b}"] for b in base},
             "guided": {f"{label}{b}": run["guided"].get(f"guided@{label}{b}") for b in base},

@@ -49,7 +49,9 @@ def test_the_script_picks_a_launch_of_the_table(tmp_path, role_tp_table):
     launches = {**src["uniform"], **src["per_role"]}
     # the table ran exactly the launches the live planner ranks (`rollout launch-plan`)
     assert {pd_launch.launch_of(n, 8) for n in launches} == set(candidates(8, [2, 4], 6))
-    assert set(run["picks"]) == {"measured@tp4", "calibrated@tp4"}
+    assert set(run["picks"]) == {"measured@tp4", "kept@tp4", "calibrated@tp4"}
+    kept, measured = run["picks"]["kept@tp4"], run["picks"]["measured@tp4"]
+    assert kept["launch"] == (measured["launch"] if measured["estimated_gain"] >= 1 / 0.9 else "colocated@tp4")
     for pick in run["picks"].values():
         assert launches[pick["launch"]] == pick["makespan_s"] >= run["best_s"] == min(launches.values())
         assert pick["decisions"] > 0
