@@ -270,8 +270,9 @@ def run(args, console) -> None:
                               env, f"{urls[-1]}/health", log=logs / ("engine.log" if i == 0 else f"engine-{i}.log"),
                               component="engine" if i == 0 else f"engine-{i}"))
         engine_url = urls[0]
+        gpus = args.engine_gpus if args.engine_url else 1  # (the engines started here are one process each)
         books = Bookkeeper(redis_url, s.key_prefix,
-                           [_engine_info(f"engine-{i}", url, model, tokenizer) for i, url in enumerate(urls)])
+                           [_engine_info(f"engine-{i}", url, model, tokenizer, gpus) for i, url in enumerate(urls)])
         books.register()
 
         # The `judge` env asks the policy engine unless told otherwise ($ROLLOUT_JUDGE_URL):
@@ -315,10 +316,10 @@ def _engine_kind(choice: str, console) -> str:
     return "sim"
 
 
-def _engine_info(eid: str, url: str, model: str, tokenizer: str):
+def _engine_info(eid: str, url: str, model: str, tokenizer: str, gpus: int = 1):
     from wire import EngineInfo
 
-    return EngineInfo(id=eid, url=url, model=model, tokenizer=tokenizer)
+    return EngineInfo(id=eid, url=url, model=model, tokenizer=tokenizer, gpus=gpus)
 
 
 class Bookkeeper:

@@ -53,6 +53,17 @@ from rollout_service.cli.replay import cmd_replay
 from scheduler.allocator import ESTIMATES, AllocatorConfig
 
 
+def gpu_count(text: str) -> int:
+    """An engine's GPUs (1-4096): refused by the parser, not by the registry afterwards."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 1 <= n <= 4096:
+        raise argparse.ArgumentTypeError(f"{n}: an engine runs on 1 to 4096 GPUs")
+    return n
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rollout", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
@@ -73,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--engine-url", help="an OpenAI-compatible (vLLM) server to use instead of the simulated engine")
     sp.add_argument("--model", default="default", help="served model name of --engine-url")
     sp.add_argument("--tokenizer", default="byte", help="local tokenizer folder for --engine-url's model")
+    sp.add_argument("--engine-gpus", type=gpu_count, default=1, help="GPUs --engine-url's server runs on, its tensor "
+                    "parallelism (default 1; `rollout launch-plan` compares engine sizes by it)")
     sp.add_argument("--workers", type=int, default=1, help="rollout worker processes (default 1)")
     sp.add_argument("--env-workers", type=int, default=1, help="env worker processes (default 1)")
     sp.add_argument("--engine", choices=["auto", "vllm", "sim"], default="auto",
@@ -116,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "the speed it measured on engines of each size (Redis: $ROLLOUT_REDIS_URL), rank "
                                     "the launches of --gpus GPUs: colocated, split, and split with prefill and decode "
                                     "engines of different sizes. Only measured sizes are compared.")
-    sp.add_argument("--gpus", type=int, default=0, help="GPUs of the launch (default: those of the engines now)")
+    sp.add_argument("--gpus", type=gpu_count, default=None, help="GPUs of the launch (default: those of the engines "
+                    "now)")
     sp.add_argument("--model", default=None, help="served model (default: the engines' one model)")
     sp.add_argument("--minutes", type=float, default=0.0, help="plan on the last MINUTES of decisions (default: "
                     "all recorded, the last 720)")
@@ -202,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--model", default="default", help="served model name (add)")
     sp.add_argument("--tokenizer", default="byte", help="'byte' or a local tokenizer folder (add)")
     sp.add_argument("--kind", default="vllm", help="engine kind: which client speaks to it (add; default vllm)")
-    sp.add_argument("--gpus", type=int, default=1, help="GPUs the engine runs on: its tensor parallelism (add; "
+    sp.add_argument("--gpus", type=gpu_count, default=1, help="GPUs the engine runs on: its tensor parallelism (add; "
                     "default 1; launch-plan compares sizes by it)")
 
     client_cmd("workers", "list live env workers", cmd_workers)

@@ -168,6 +168,11 @@ async def test_allocator_switches_roles_when_the_workload_shifts_and_loses_no_tu
           f"observations when it came); first move at allocator time {first}")
     roles = {e.id: e.role for e in await reg.engines()}
     decoder = next(e for e, r in roles.items() if r == "decode")
+    # what launch planning reads (`rollout launch-plan`): every decision's demand while work ran, as
+    # the workers forecast it; no step model, as this allocator decides on a given one (not measured)
+    phase = await reg.phase()
+    assert phase and all(d.live > 0 or d.prefill_tokens > 0 for d in phase) and max(d.live for d in phase) >= 1
+    assert len(phase) <= len(roles_seen) and await reg.profiles("tiny") == {}
 
     # no turn lost: every trajectory completed with all its turns, recorded in order
     trajs = []

@@ -61,3 +61,11 @@ async def test_ranks_launches_from_the_recorded_phase_beside_the_one_running(red
     assert "not scored" in out.stdout  # the engines now use 8 GPUs: no ratio against them
     out = _run(prefix, "--model", "other")
     assert out.returncode != 0 and "no engine size measured for 'other'" in out.stderr
+
+
+def test_gpu_counts_are_checked_before_anything_runs(prefix):
+    for args in (["launch-plan", "--gpus", "0"], ["engines", "add", "e0", "http://127.0.0.1:9", "--gpus", "-2"],
+                 ["up", "--engine-gpus", "four"]):
+        out = subprocess.run([sys.executable, "-m", "rollout_service.cli", *args], capture_output=True, text=True,
+                             env=dict(os.environ, PYTHONPATH=os.getcwd()), timeout=60)
+        assert out.returncode == 2 and ("1 to 4096 GPUs" in out.stderr or "whole number" in out.stderr), out.stderr
