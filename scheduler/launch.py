@@ -126,13 +126,13 @@ def score(launch: Launch, demands: Iterable[Demand], profiles: Mapping[int, Capa
     return total
 
 
-def plan(candidates: Iterable[Launch], demands: Sequence[Demand], profiles: Mapping[int, Capacity],
+def plan(launches: Iterable[Launch], demands: Sequence[Demand], profiles: Mapping[int, Capacity],
          config: AllocatorConfig | None = None) -> list[tuple[Launch, float]]:
-    """Every candidate with its score, best first; on a tie colocated before a split, and fewer,
+    """Every launch with its score, best first; on a tie colocated before a split, and fewer,
     larger engines before more, smaller ones (fewer engines to start and to route among)."""
     if not demands:
         raise ValueError("no demand to plan for: a phase must run (and be forecast) first")
-    cands = list(dict.fromkeys(candidates))
+    cands = list(dict.fromkeys(launches))
     if len({c.gpus for c in cands}) > 1:
         raise ValueError(f"candidates use different GPU counts: {sorted({c.gpus for c in cands})}")
     scored = [(c, score(c, demands, profiles, config)) for c in cands]

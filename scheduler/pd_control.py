@@ -55,6 +55,7 @@ class PDController:
         self.allocator: Allocator | None = None
         self._kept_out: set[str] = set()  # engines already logged as not switchable
         self._mixed_logged = False  # engines of several sizes: said once
+        self._launch: tuple[str, int] | None = None  # (model, GPUs an engine) of the engines measured now
 
     def _sync(self, engines: dict[str, str], now: float, read_back: bool = False) -> Allocator:
         """(Re)build the allocator when the set of engines changes, starting from their roles.
@@ -75,9 +76,10 @@ class PDController:
 
     async def step(self) -> list[Move]:
         now = self.clock()
+        engines = await self.registry.engines()
+        await self._follow_launch(engines)
         if self.measure:
             feed(self.capacity, await self.registry.take_timings())
-        engines = await self.registry.engines()
         d = Demand.from_report(await self.registry.phases(), self.horizon_s)
         await self._record(engines, d)
         infos = [e for e in engines if self._switchable(e)]
@@ -109,6 +111,21 @@ class PDController:
             log.info("engine draining for a new role", extra={"engine": m.engine, "from": m.old.value,
                                                               "to": m.new.value})
         return moves
+
+    async def _follow_launch(self, engines: list) -> None:
+        """The engines were launched again at another size (or with another model): measure the
+        new launch afresh, from the step model saved for it if an earlier phase ran there (the
+        fit so far describes the old engines). The first launch seen keeps the capacity given."""
+        kinds = {(e.model, e.gpus) for e in engines}
+        kind = next(iter(kinds)) if len(kinds) == 1 else None
+        if not self.measure or kind is None or kind == self._launch:
+            return
+        if self._launch is not None:
+            self.capacity = (await self.registry.profiles(kind[0])).get(kind[1]) or Capacity()
+            self.allocator = None  # rebuilt on the new capacity
+            log.info("engines launched at a new size: speed measured afresh", extra={
+                "model": kind[0], "gpus": kind[1], "from_saved": self.capacity.samples > 0})
+        self._launch = kind
 
     async def _record(self, engines: list, d: Demand) -> None:
         """What launch planning reads (`rollout launch-plan`): each decision's demand while there is

@@ -228,3 +228,31 @@ async def test_the_phase_record_is_capped(redis, keys):
     for i in range(5):
         await reg.record_phase(d, at=float(i), keep=3)
     assert len(await reg.phase()) == 3 and len(await reg.phase(since=3.0)) == 2
+
+
+async def test_engines_launched_at_another_size_are_measured_afresh(redis, keys):
+    """The old size's fit is not carried into the new launch's profile; coming back to a size
+    starts from what was saved for it."""
+    reg = Registry(redis, keys)
+
+    async def launch(gpus: int) -> None:
+        for eid in ("e0", "e1"):
+            await reg.add_engine(EngineInfo(id=eid, url=f"http://127.0.0.1:9/{eid}", model="m", gpus=gpus,
+                                            can_serve=ALL))
+
+    await launch(4)
+    for _ in range(64):
+        await reg.report_timing(TurnTiming("e0", 1000, 3000, 33, 0.5, 1.28, 4, True))
+    ctl = PDController(reg, clock=lambda: 100.0, measure=True)
+    await ctl.step()
+    at4 = ctl.capacity.step
+    await launch(2)  # relaunched at TP2, twice as slow a step
+    for _ in range(64):
+        await reg.report_timing(TurnTiming("e0", 1000, 3000, 33, 1.0, 2.56, 4, True))
+    await ctl.step()
+    saved = await reg.profiles("m")
+    assert saved[4].step == at4 and ctl.capacity.samples == 64 and saved[2].samples == 64
+    assert saved[2].step_s(4, 3016) > 1.5 * saved[4].step_s(4, 3016)
+    await launch(4)  # back at TP4: from the saved fit, not a fresh one
+    await ctl.step()
+    assert ctl.capacity.samples == 64 and ctl.capacity.step == at4 and ctl.allocator.capacity is ctl.capacity
