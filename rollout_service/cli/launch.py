@@ -94,3 +94,5 @@ def cmd_launch_plan(args) -> None:
     console.print(table)
     if now is not None and now_s is None:
         console.print(f"now: {now.describe()} (not scored: its sizes were not all measured, or other GPU count)")
+    console.print("[dim]Estimated by the allocator's model; simulated, its first pick was within 2% of the best launch "
+                  "in 74% of cells, 0.87x at worst (benchmarks/sim/README.md, 'Choosing the launch').[/]")
