@@ -68,26 +68,26 @@ def calibrated(cost: ClusterCost) -> Capacity:
 
 
 def measure_phase(model: str, workload: str, mode: str, gpus: int, seed: int, sizes: list[int],
-                  in_flight: int) -> dict:
-    """The phase before (seed + 1000) at each size, colocated and held, with the table's trajectories
-    in flight (so `--scale` needs no repeating): {size: (its fitted capacity, each decision's demand)}."""
+                  in_flight: int, offset: int = 1000) -> dict:
+    """The phase before (seed + `offset`; 0: this very phase, hindsight) at each size, colocated and
+    held, with the table's trajectories in flight (so `--scale` needs no repeating): {size: (its fitted capacity, each decision's demand)}."""
     make = FAMILIES[model][1]
     out = {}
     for t in sizes:
         cost = make(t)
-        c = Cluster(engine_workload(workload, cost), gpus // t, Policy.held(), mode, seed=seed + 1000,
+        c = Cluster(engine_workload(workload, cost), gpus // t, Policy.held(), mode, seed=seed + offset,
                     cost=cost, in_flight=in_flight)
         c.run()
         out[t] = (c.capacity, [d for _, d, _ in c.decisions])
     return out
 
 
-def run_seed(model: str, cell: dict, run: dict, sizes: list[int], base: list[int]) -> dict:
+def run_seed(model: str, cell: dict, run: dict, sizes: list[int], base: list[int], offset: int = 1000) -> dict:
     """One seed of a table's cell: the phase before measured at every size, and the pick from each base."""
     gpus, label = cell["gpus"], FAMILIES[model][0]
     table = {**run["uniform"], **run["per_role"]}
     launches = {n: launch_of(n, gpus) for n in table}
-    phase = measure_phase(model, cell["workload"], cell["mode"], gpus, run["seed"], sizes, run["in_flight"])
+    phase = measure_phase(model, cell["workload"], cell["mode"], gpus, run["seed"], sizes, run["in_flight"], offset)
     profiles = {"measured": {t: cap for t, (cap, _) in phase.items()},
                 "calibrated": {t: calibrated(FAMILIES[model][1](t)) for t in sizes}}
     config = AllocatorConfig(response_kv_pushed=True)  # the simulator's engines push the response KV back
@@ -159,6 +159,8 @@ def main() -> None:
     ap.add_argument("--seeds", default="", help="comma list (default: the table's)")
     ap.add_argument("--base", default="", help="sizes whose phase's demand is planned on, by model: "
                     "model=2,4;model=1 (default: the sizes the table ran guided at)")
+    ap.add_argument("--phase-offset", type=int, default=1000, help="the phase planned on: the table's seed plus this "
+                    "(default 1000: another phase of the same workload; 0: the same phase, a hindsight bound)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "pd_launch.json"))
     ap.add_argument("--table", default="", help="also write the printed lines here")
     a = ap.parse_args()
@@ -183,7 +185,7 @@ def main() -> None:
         label = FAMILIES[model][0]
         sizes = sorted({int(re.findall(r"\d+", n.split("@")[-1])[0]) for n in runs[0]["uniform"]})
         base = bases.get(model) or [int(g.split(label)[-1]) for g in runs[0]["guided"]] or sizes[:1]
-        out = [run_seed(model, cell, r, sizes, base) for r in runs]
+        out = [run_seed(model, cell, r, sizes, base, a.phase_offset) for r in runs]
         cells.append({k: cell[k] for k in ("model", "workload", "mode", "gpus")} | {"seeds": out})
         say(cell_line(cells[-1]))
     if not cells:

@@ -33,6 +33,8 @@ def test_the_phase_before_is_measured_at_each_size():
         assert cap.samples > 0 and demands  # fitted to that size's own steps; a forecast each decision
         assert cap.kv_tokens == ClusterCost.dense(MODELS["qwen2.5-32b"], size).kv_capacity_tokens
     assert got[4][0].step != got[2][0].step
+    same = pd_launch.measure_phase("qwen2.5-32b", "math", "sync", 8, 0, [4], in_flight=64, offset=0)
+    assert same[4][1] != got[4][1]  # offset 0: this phase itself (hindsight), not the one before
 
 
 def test_the_script_picks_a_launch_of_the_table(tmp_path, role_tp_table):
