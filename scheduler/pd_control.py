@@ -19,6 +19,8 @@ allocator reads measured rates; without it, the `Capacity` given (a prior) as it
 It also keeps what launch planning needs (`scheduler.launch`, `rollout launch-plan`): each
 decision's demand while there is work, and the measured step model under the engines' size
 (`EngineInfo.gpus`) and model; roles move here, an engine's size only when it is launched again.
+Engines of several sizes (a per-role launch) keep their roles as launched: the allocator's model
+prices every engine alike.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ class PDController:
         self.clock = clock
         self.allocator: Allocator | None = None
         self._kept_out: set[str] = set()  # engines already logged as not switchable
-        self._mixed_logged = False  # engines of several sizes: said once
+        self._mixed_logged = False  # engines of several sizes: said once (their speed saved for none)
+        self._sizes_logged = False  # ... and their roles left as launched: said once
         self._launch: tuple[str, int] | None = None  # (model, GPUs an engine) of the engines measured now
 
     def _sync(self, engines: dict[str, str], now: float, read_back: bool = False) -> Allocator:
@@ -85,6 +88,16 @@ class PDController:
         infos = [e for e in engines if self._switchable(e)]
         if not infos:
             return []
+        if len({e.gpus for e in infos}) > 1:
+            # a launch of two sizes (prefill engines at one TP, decode at another: `rollout launch-plan`)
+            # keeps its roles as launched: the allocator prices every engine alike, and moving an
+            # engine between the sizes' roles is a relaunch, not a move
+            if not self._sizes_logged:
+                self._sizes_logged = True
+                log.warning("engines of several sizes: roles stay as launched (no allocation)",
+                            extra={"sizes": sorted({e.gpus for e in infos})})
+            return []
+        self._sizes_logged = False
         fresh = self.allocator is None or set(self.allocator.engines) != {e.id for e in infos}
         a = self._sync({e.id: e.role for e in infos}, now, all(e.kv_read_back for e in infos))
         if fresh:  # drains an earlier allocator started: finish them toward their published next role

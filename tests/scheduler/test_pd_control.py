@@ -256,3 +256,26 @@ async def test_engines_launched_at_another_size_are_measured_afresh(redis, keys)
     await launch(4)  # back at TP4: from the saved fit, not a fresh one
     await ctl.step()
     assert ctl.capacity.samples == 64 and ctl.capacity.step == at4 and ctl.allocator.capacity is ctl.capacity
+
+
+async def test_a_launch_of_two_sizes_keeps_its_roles(redis, keys):
+    """Prefill engines of 1 GPU for decode engines of 4 (a per-role launch): the allocator, which
+    prices every engine alike, moves none of them; the demand is still recorded for the next plan."""
+    reg = Registry(redis, keys)
+    for i in range(4):
+        await reg.add_engine(EngineInfo(id=f"p{i}", url=f"http://127.0.0.1:9/p{i}", gpus=1, role="prefill",
+                                        can_serve=ALL))
+    await reg.add_engine(EngineInfo(id="d0", url="http://127.0.0.1:9/d0", gpus=4, role="decode", can_serve=ALL))
+    ctl = PDController(reg, additive(), AllocatorConfig(dwell_s=0, confirm=1), clock=lambda: 100.0)
+    decode_only = {"forecast:decode_tokens": 64_000, "forecast:decode_seqs": 64, "forecast:context_tokens": 64_000,
+                   "forecast:live": 64}  # would turn the prefill engines to mixed or decode if they were alike
+    await reg.report_phases("w1", decode_only)
+    for _ in range(3):
+        assert await ctl.step() == []
+    assert {e.id: (e.role, e.state) for e in await reg.engines()} == {
+        **{f"p{i}": ("prefill", "ready") for i in range(4)}, "d0": ("decode", "ready")}
+    assert len(await reg.phase()) == 3
+    for i in range(4):  # relaunched alike: allocated again
+        await reg.add_engine(EngineInfo(id=f"p{i}", url=f"http://127.0.0.1:9/p{i}", gpus=4, role="prefill",
+                                        can_serve=ALL))
+    assert await ctl.step()
