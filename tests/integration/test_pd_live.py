@@ -33,6 +33,7 @@ from rollout_service.engines.fleet import Fleet
 from rollout_service.rollout import run_episode
 from rollout_service.worker import Worker
 from scheduler.allocator import AllocatorConfig, Capacity
+from scheduler.launch import Launch, candidates, plan
 from scheduler.pd_control import PDController
 from scheduler.queue import Queue
 from scheduler.registry import Registry
@@ -203,6 +204,17 @@ async def test_allocator_switches_roles_when_the_workload_shifts_and_loses_no_tu
         await fleet.aclose()
     for t, ref in zip(trajs, again):
         assert ref.failure is None and t.token_ids == ref.token_ids, t.id
+
+    # launch planning's live path, measured: an allocator that measures takes the turns the workers
+    # reported (vLLM's own timings), saves the step model under the engines' size (1 GPU each), and
+    # the planner ranks the launches of their 2 GPUs on the recorded demand
+    measuring = PDController(reg, measure=True, horizon_s=10.0)
+    await measuring.step()
+    saved = await reg.profiles("tiny")
+    assert list(saved) == [1] and saved[1].samples > 0
+    ranked = plan(candidates(2, saved), await reg.phase(), saved)
+    assert {c for c, _ in ranked} == {Launch(1, 0, 2), Launch(1, 1, prefill=1)}
+    assert all(0 < sec < float("inf") for _, sec in ranked)
 
 
 async def _all_detected(reg: Registry) -> bool:
