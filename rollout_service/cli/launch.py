@@ -32,7 +32,8 @@ def current_launch(engines: list, model: str):
         return None
     size = rest.pop()
     count = {r: sum(e.role == r for e in mine) for r in ("prefill", "decode", "mixed")}
-    return Launch(size, count["decode"], count["mixed"], count["prefill"], pre.pop() if pre else 0)
+    prefill_size = pre.pop() if pre else 0
+    return Launch(size, count["decode"], count["mixed"], count["prefill"], 0 if prefill_size == size else prefill_size)
 
 
 def cmd_launch_plan(args) -> None:

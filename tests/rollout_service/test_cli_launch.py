@@ -7,7 +7,9 @@ import os
 import subprocess
 import sys
 
+from rollout_service.cli.launch import current_launch
 from scheduler.allocator import Capacity
+from scheduler.launch import Launch
 from scheduler.forecast import Demand
 from scheduler.registry import Registry
 from tests.conftest import REDIS_URL
@@ -69,3 +71,17 @@ def test_gpu_counts_are_checked_before_anything_runs(prefix):
         out = subprocess.run([sys.executable, "-m", "rollout_service.cli", *args], capture_output=True, text=True,
                              env=dict(os.environ, PYTHONPATH=os.getcwd()), timeout=60)
         assert out.returncode == 2 and ("1 to 4096 GPUs" in out.stderr or "whole number" in out.stderr), out.stderr
+
+
+def test_the_running_launch_is_read_off_the_engines():
+    def engines(*spec):
+        return [EngineInfo(id=f"e{i}", url="http://127.0.0.1:9", model="m", gpus=g, role=r) for i, (g, r) in
+                enumerate(spec)]
+
+    assert current_launch(engines((4, "mixed"), (4, "mixed")), "m") == Launch(4, 0, 2)
+    # a split at one size reads as the planner's own split (the same candidate, marked "now")
+    assert current_launch(engines((4, "prefill"), (4, "decode")), "m") == Launch(4, 1, prefill=1)
+    assert current_launch(engines((1, "prefill"), (1, "prefill"), (4, "decode")), "m") == Launch(
+        4, 1, prefill=2, prefill_size=1)
+    assert current_launch(engines((1, "mixed"), (4, "decode")), "m") is None  # no launch of ours is that
+    assert current_launch(engines((4, "mixed")), "other") is None
