@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import sys
 import time
@@ -38,28 +37,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
 from benchmarks.pd_allocation import code_version, engine_workload, spread  # noqa: E402
-from benchmarks.pd_role_tp import FAMILIES  # noqa: E402
+from benchmarks.pd_role_tp import FAMILIES, launch_of  # noqa: E402
 from benchmarks.sim.cluster import Cluster, Policy  # noqa: E402
 from benchmarks.sim.cost import ClusterCost  # noqa: E402
 from scheduler.allocator import AllocatorConfig  # noqa: E402
 from scheduler.capacity import Capacity  # noqa: E402
-from scheduler.launch import Launch, plan  # noqa: E402
-
-_UNIFORM = re.compile(r"^(?:colocated|(\d+)P(\d+)D)@[a-z]+(\d+)$")
-_PER_ROLE = re.compile(r"^(\d+)P@[a-z]+(\d+)\+(\d+)D@[a-z]+(\d+)$")
-
-
-def launch_of(name: str, gpus: int) -> Launch:
-    """A launch from its name in pd_role_tp's table: colocated@tp4, 3P5D@tp4, 4P@tp1+1D@tp4."""
-    if m := _PER_ROLE.match(name):
-        p, a, d, b = map(int, m.groups())
-        return Launch(b, d, prefill=p, prefill_size=a)
-    if m := _UNIFORM.match(name):
-        p, d, t = m.groups()
-        t = int(t)
-        return Launch(t, 0, gpus // t) if p is None else Launch(t, int(d), prefill=int(p))
-    raise ValueError(f"not a launch name: {name!r}")
-
+from scheduler.launch import plan  # noqa: E402
 
 def calibrated(cost: ClusterCost) -> Capacity:
     """The cost model's own step model, in the allocator's form."""
@@ -183,7 +166,7 @@ def main() -> None:
         if not runs or not runs[0]["per_role"]:
             continue
         label = FAMILIES[model][0]
-        sizes = sorted({int(re.findall(r"\d+", n.split("@")[-1])[0]) for n in runs[0]["uniform"]})
+        sizes = sorted({launch_of(n, cell["gpus"]).size for n in runs[0]["uniform"]})
         base = bases.get(model) or [int(g.split(label)[-1]) for g in runs[0]["guided"]] or sizes[:1]
         out = [run_seed(model, cell, r, sizes, base, a.phase_offset) for r in runs]
         cells.append({k: cell[k] for k in ("model", "workload", "mode", "gpus")} | {"seeds": out})

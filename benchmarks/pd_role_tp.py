@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
@@ -42,13 +43,36 @@ from benchmarks.sim.cluster import Cluster, Policy  # noqa: E402
 from benchmarks.sim.cost import ClusterCost  # noqa: E402
 from benchmarks.sim.shape import MODELS  # noqa: E402
 from benchmarks.sim.workload import WORKLOADS  # noqa: E402
-from scheduler.launch import role_splits, splits  # noqa: E402
+from scheduler.launch import Launch, candidates  # noqa: E402
 
 # what an engine of size n is, by model: (its label, its cost); a dense model's n is its TP, the
 # MoE's its DP-attention group (`ClusterCost.moe_dp`: 8, 16 or 32 ranks)
 FAMILIES = {m: ("tp", lambda n, shape=shape: ClusterCost.dense(shape, n)) for m, shape in MODELS.items()
             if "attn" not in m}
 FAMILIES["qwen3-30b-a3b"] = ("dp", ClusterCost.moe_dp)
+
+
+_UNIFORM = re.compile(r"^(?:colocated|(\d+)P(\d+)D)@[a-z]+(\d+)$")
+_PER_ROLE = re.compile(r"^(\d+)P@[a-z]+(\d+)\+(\d+)D@[a-z]+(\d+)$")
+
+
+def launch_name(c: Launch, label: str) -> str:
+    """A launch as the table names it: colocated@tp4, 3P5D@tp4, 4P@tp1+1D@tp4 (`launch_of` reads it)."""
+    if c.prefill_size:
+        return f"{c.prefill}P@{label}{c.prefill_size}+{c.decode}D@{label}{c.size}"
+    return f"{c.prefill}P{c.decode}D@{label}{c.size}" if c.prefill else f"colocated@{label}{c.size}"
+
+
+def launch_of(name: str, gpus: int) -> Launch:
+    """The launch a table name stands for (`launch_name`'s inverse)."""
+    if m := _PER_ROLE.match(name):
+        p, a, d, b = map(int, m.groups())
+        return Launch(b, d, prefill=p, prefill_size=a)
+    if m := _UNIFORM.match(name):
+        p, d, t = m.groups()
+        t = int(t)
+        return Launch(t, 0, gpus // t) if p is None else Launch(t, int(d), prefill=int(p))
+    raise ValueError(f"not a launch name: {name!r}")
 
 
 def run_seed(model: str, workload: str, mode: str, gpus: int, seed: int, tps: list[int], base: list[int],
@@ -63,19 +87,14 @@ def run_seed(model: str, workload: str, mode: str, gpus: int, seed: int, tps: li
                        prefill_cost=prefill_cost, in_flight=in_flight).run().makespan_s
 
     uniform, per_role, guided = {}, {}, {}
-    for t in tps:
-        n = gpus // t
-        if n >= 1:
-            uniform[f"colocated@{label}{t}"] = one(Policy.colocated(), t, n)
-        if n >= 2:
-            for p in splits(n):
-                uniform[f"{p}P{n - p}D@{label}{t}"] = one(Policy.static(p), t, n)
-    for a in tps:
-        for b in tps:
-            if a != b:
-                for p, d in role_splits(gpus, a, b, most):
-                    name = f"{p}P@{label}{a}+{d}D@{label}{b}"
-                    per_role[name] = one(Policy.static(p, name), b, p + d, prefill_cost=costs[a])
+    for c in candidates(gpus, tps, most):  # what the live planner ranks (`rollout launch-plan`)
+        name = launch_name(c, label)
+        if c.prefill_size:
+            per_role[name] = one(Policy.static(c.prefill, name), c.size, c.prefill + c.decode,
+                                 prefill_cost=costs[c.prefill_size])
+        else:
+            uniform[name] = one(Policy.static(c.prefill) if c.prefill else Policy.colocated(), c.size,
+                                c.prefill + c.decode + c.mixed)
     for t in base:
         n = gpus // t
         if n >= 2:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import pd_launch
+from benchmarks import pd_launch, pd_role_tp
 from benchmarks.sim.cost import ClusterCost
 from benchmarks.sim.shape import MODELS
 from scheduler.launch import Launch, candidates
@@ -18,13 +18,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_launch_names_of_the_table_parse():
-    assert pd_launch.launch_of("colocated@tp4", 8) == Launch(4, 0, 2)
-    assert pd_launch.launch_of("3P5D@tp1", 8) == Launch(1, 5, prefill=3)
-    assert pd_launch.launch_of("4P@tp1+1D@tp4", 8) == Launch(4, 1, prefill=4, prefill_size=1)
-    assert pd_launch.launch_of("2P@dp8+1D@dp16", 32) == Launch(16, 1, prefill=2, prefill_size=8)
-    assert pd_launch.launch_of("12P@tp1+5D@tp4", 32).gpus == 32
+    assert pd_role_tp.launch_of("colocated@tp4", 8) == Launch(4, 0, 2)
+    assert pd_role_tp.launch_of("3P5D@tp1", 8) == Launch(1, 5, prefill=3)
+    assert pd_role_tp.launch_of("4P@tp1+1D@tp4", 8) == Launch(4, 1, prefill=4, prefill_size=1)
+    assert pd_role_tp.launch_of("2P@dp8+1D@dp16", 32) == Launch(16, 1, prefill=2, prefill_size=8)
+    assert pd_role_tp.launch_of("12P@tp1+5D@tp4", 32).gpus == 32
     with pytest.raises(ValueError):
-        pd_launch.launch_of("guided@tp4", 8)
+        pd_role_tp.launch_of("guided@tp4", 8)
 
 
 def test_the_phase_before_is_measured_at_each_size():
@@ -50,7 +50,7 @@ def test_the_script_picks_a_launch_of_the_table(tmp_path, role_tp_table):
     run = json.loads(out.read_text())["cells"][0]["seeds"][0]
     launches = {**src["uniform"], **src["per_role"]}
     # the table ran exactly the launches the live planner ranks (`rollout launch-plan`)
-    assert {pd_launch.launch_of(n, 8) for n in launches} == set(candidates(8, [2, 4], 6))
+    assert {pd_role_tp.launch_of(n, 8) for n in launches} == set(candidates(8, [2, 4], 6))
     assert set(run["picks"]) == {"measured@tp4", "kept@tp4", "calibrated@tp4"}
     kept, measured = run["picks"]["kept@tp4"], run["picks"]["measured@tp4"]
     assert kept["launch"] == (measured["launch"] if measured["estimated_gain"] >= 1 / 0.9 else "colocated@tp4")

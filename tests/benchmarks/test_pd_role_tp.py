@@ -9,16 +9,17 @@ from pathlib import Path
 
 from benchmarks import pd_allocation, pd_role_tp
 from benchmarks.sim.cost import PRESETS
+from scheduler.launch import role_splits
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_per_role_splits_use_every_gpu_with_both_roles():
-    assert pd_role_tp.role_splits(8, 1, 2, 6) == [(2, 3), (4, 2), (6, 1)]
-    assert pd_role_tp.role_splits(8, 4, 2, 6) == [(1, 2)]
-    assert pd_role_tp.role_splits(8, 8, 1, 6) == []  # no GPU left to decode on
-    assert pd_role_tp.role_splits(32, 8, 16, 6) == [(2, 1)]  # the MoE: DP8 groups prefilling for a DP16 group
-    many = pd_role_tp.role_splits(128, 1, 2, 6)
+    assert role_splits(8, 1, 2, 6) == [(2, 3), (4, 2), (6, 1)]
+    assert role_splits(8, 4, 2, 6) == [(1, 2)]
+    assert role_splits(8, 8, 1, 6) == []  # no GPU left to decode on
+    assert role_splits(32, 8, 16, 6) == [(2, 1)]  # the MoE: DP8 groups prefilling for a DP16 group
+    many = role_splits(128, 1, 2, 6)
     assert 1 < len(many) <= 6 and all(p + 2 * d == 128 and p >= 1 and d >= 1 for p, d in many)
 
 
