@@ -5,6 +5,8 @@ back from the decode engine (not recomputed); then the roles switch."""
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
@@ -28,10 +30,17 @@ def prompt_tokens(url: str, source: str) -> float:
 
 
 def reset_prefix_cache(url: str) -> None:
-    """Forget every cached prefix (it fails while blocks are held: a decode engine keeps the
-    last turn's KV for a while, so only a prefill engine's reset is relied on)."""
-    r = httpx.post(f"{url}/reset_prefix_cache")
-    assert r.status_code == 200 and r.json()["success"], r.text
+    """Forget every cached prefix. vLLM refuses while any block is held, and a prefill engine
+    holds a turn's blocks until the decode engine's read of them is acknowledged, which can come
+    after the turn returns; so the reset is asked again until it succeeds (each try is a
+    condition, not a margin: 240 refusals in a row fail the test, whatever the machine's speed)."""
+    for _ in range(240):
+        r = httpx.post(f"{url}/reset_prefix_cache", timeout=60)
+        assert r.status_code == 200, r.text
+        if r.json()["success"]:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"{url} refused to reset its prefix cache 240 times: {r.text}")
 
 
 async def test_multi_turn_prefill_decode_split_and_role_switch(two_kv_engines, redis, keys):
