@@ -23,6 +23,9 @@ trajectory's attempts (the queue's larger `max_restarts` stops poison work). Red
 away never kills the worker: every Redis call backs off and tries again, and a result waits
 for Redis to return (within its lease).
 Any worker also reaps expired leases, so no separate reaper process is needed.
+A worker told to stop leaves nothing leased behind: claims not yet running and episodes cut
+short go back to the queue, uncharged, and results already on their way are let land
+(`HAND_BACK_S` each; if Redis is away then too, the leases lapse and are reaped instead).
 
 An idle worker does not poll: it blocks on the queue's wake list (`Queue.wait`), which every
 submission and requeue pushes to, and claims as many trajectories as it has free slots in one
@@ -68,6 +71,10 @@ class _Live:
     in_episode: bool = True  # False once the episode ended: then only its result is being written
     slot: float | None = None  # when it took one of the worker's `concurrency` episode slots
 
+
+# At shutdown, what is held goes back to the queue now rather than when its lease lapses: each
+# hand-back, and the results already being written, get this long (then their leases lapse instead).
+HAND_BACK_S = 5.0
 
 # Most trajectories one claim call takes: the script runs alone in Redis, so a worker with
 # 25,000 free slots fills them a few hundred at a time rather than stall every other client.
@@ -205,9 +212,22 @@ class Worker:
         finally:
             if pending is not None:  # claimed but never started: hand back now, uncharged
                 await self._give_back(pending)
-            for t in (reaper, prober, beater, *self._active):
+            # Handlers made in the loop's last pass start now: one cancelled before it ever ran
+            # could not hand its trajectory back, which would stay leased until reaped.
+            await asyncio.sleep(0)
+            for t in (reaper, prober, beater):
                 t.cancel()
-            await asyncio.gather(*self._active, reaper, prober, beater, return_exceptions=True)
+            handlers = list(self._active)
+            for t in handlers:  # an episode cancelled hands its trajectory back, uncharged (`_run`)
+                if t not in self._writing:
+                    t.cancel()
+            # A finished episode's result is let land (a round trip); cancelled, its write could be
+            # dropped with the loop, and the trajectory would stay leased until reaped.
+            if handlers:
+                await asyncio.wait(handlers, timeout=HAND_BACK_S)
+            for t in handlers:
+                t.cancel()
+            await asyncio.gather(*handlers, reaper, prober, beater, return_exceptions=True)
 
     async def _claim(self, n: int) -> list[Claim]:
         """Up to `n` (at most CLAIM_MOST) in one call: a GRPO group's members come together.
@@ -226,10 +246,16 @@ class Worker:
         """The worker stops with a claim in flight: what it claimed goes back to the queue now,
         uncharged, rather than when its leases lapse (if Redis is away, they lapse instead)."""
         with contextlib.suppress(Exception, asyncio.CancelledError):
-            claims = await asyncio.wait_for(asyncio.shield(pending), 5.0)
-            await asyncio.wait_for(asyncio.gather(*(self.queue.restart(c) for c in claims)), 5.0)
+            claims = await asyncio.wait_for(asyncio.shield(pending), HAND_BACK_S)
+            await asyncio.wait_for(asyncio.gather(*(self.queue.restart(c) for c in claims)), HAND_BACK_S)
         if not pending.done():
             pending.cancel()
+
+    async def _hand_back(self, claim: Claim) -> None:
+        """The worker stops: `claim` goes back to the queue now, uncharged (if Redis is away too,
+        its lease lapses instead)."""
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.queue.restart(claim), HAND_BACK_S)
 
     def free_slots(self) -> int:
         """How many more trajectories to claim: `concurrency` run at once, and `ahead()` more wait
@@ -388,6 +414,9 @@ class Worker:
                 await asyncio.wait({older})
             try:
                 work = await self.store.work(tid, claim)
+            except asyncio.CancelledError:  # the worker stops while the batch's parameters load
+                await self._hand_back(claim)
+                raise
             except REDIS_FAULT as e:  # Redis away or failing over between claim and load: not the trajectory's
                 await self._restart(claim, f"cannot load: {e!r}")
                 return
@@ -416,8 +445,7 @@ class Worker:
         except asyncio.CancelledError:
             self._episode_over(live)
             if live.verdict == LEASE_OK:  # the worker shuts down: hand the trajectory back now, uncharged
-                with contextlib.suppress(Exception):  # (if Redis is away too, its lease lapses instead)
-                    await asyncio.wait_for(self.queue.restart(claim), 5.0)
+                await self._hand_back(claim)
                 raise
             asyncio.current_task().uncancel()
             if live.verdict == LEASE_LOST:

@@ -4,6 +4,7 @@ fresh key prefix per test, and a live gateway served by uvicorn on a free port."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import threading
@@ -151,8 +152,9 @@ class RunningWorker:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.loop.call_soon_threadsafe(self.stop.set)
-        self.thread.join(10)
+        with contextlib.suppress(RuntimeError):  # (its loop closed already: the worker was stopped from inside)
+            self.loop.call_soon_threadsafe(self.stop.set)
+        self.thread.join(30)  # (stopping hands back what it holds: a few round trips, longer on a loaded machine)
 
 
 @pytest.fixture

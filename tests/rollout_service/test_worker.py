@@ -8,6 +8,8 @@ import dataclasses
 import threading
 import time
 
+import pytest
+
 from rollout_service.engines.base import EngineError
 from rollout_service.engines.sim import SimEngine
 from scheduler.queue import Queue
@@ -264,6 +266,57 @@ async def test_a_stopping_worker_hands_back_every_claim_it_holds_ahead(settings,
         st = await wait_done(store, b.id, timeout=120)
     trajs, _ = await store.trajectories(b.id, 0, 4000)
     assert st.counts[TrajectoryState.completed] == 3000 and len({t.id for t in trajs}) == 3000
+    assert all(t.attempts == 1 for t in trajs)
+
+
+@pytest.mark.parametrize("stop_at", ["claim", "result"])
+async def test_a_worker_stopped_as_a_claim_returns_or_a_result_is_written_leaves_nothing_leased(
+        settings, redis, keys, monkeypatch, stop_at):
+    """The worker is told to stop at the worst moment: as a claim returns (its handlers made, not
+    yet run) or as an episode's result starts on its way to Redis. Once its process ends, nothing
+    is leased to it, nothing was charged an attempt, and a second worker finishes the batch, each
+    trajectory once. (Both windows left a trajectory leased until reaped: a handler cancelled
+    before it ever ran, a result write dropped with the loop.)"""
+    from rollout_service import worker as worker_mod
+
+    q, store = Queue(redis, keys), Store(redis, keys)
+    b = await q.enqueue(RolloutRequest(tasks=[{"seed": i} for i in range(200)], env="math"))
+    rw = RunningWorker(settings, engines={"sim-0": (SimEngine("sim-0", seed=1, time_scale=1e-3), "byte")},
+                       concurrency=4)
+    stopped = []
+    if stop_at == "claim":
+        real_claim = worker_mod.Worker._claim
+
+        async def claim(self, n):
+            got = await real_claim(self, n)
+            if got and not stopped:
+                stopped.append(len(got))
+                rw.stop.set()
+            return got
+
+        monkeypatch.setattr(worker_mod.Worker, "_claim", claim)
+    else:
+        real_complete = Queue.complete
+
+        async def complete(self, claim, traj):
+            if not stopped:
+                stopped.append(claim.trajectory_id)
+                rw.stop.set()
+                await asyncio.sleep(0.05)  # the worker's loop sees the stop while this result is on its way
+            return await real_complete(self, claim, traj)
+
+        monkeypatch.setattr(Queue, "complete", complete)
+    with rw:
+        rw.thread.join(60)
+    assert stopped and not rw.thread.is_alive()
+    st = await store.batch_status(b.id)
+    assert st.counts[TrajectoryState.running] == 0 and await redis.zcard(keys.leases) == 0
+    assert st.counts[TrajectoryState.completed] >= (1 if stop_at == "result" else 0)  # (that result landed)
+    monkeypatch.undo()
+    with RunningWorker(settings, concurrency=16):
+        st = await wait_done(store, b.id, timeout=120)
+    trajs, _ = await store.trajectories(b.id, 0, 400)
+    assert st.counts[TrajectoryState.completed] == 200 and len({t.id for t in trajs}) == 200
     assert all(t.attempts == 1 for t in trajs)
 
 
