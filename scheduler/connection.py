@@ -188,10 +188,15 @@ class Coalesced:
     The first item of a moment schedules a send for the next turn of the loop; every item
     submitted until then rides along (at most `most` to a call, so one call stays short). A
     failed send fails each of its items, and each caller retries on its own. An item whose
-    caller was cancelled after submitting is still sent: like a command already on the wire."""
+    caller was cancelled after submitting is still sent: like a command already on the wire.
 
-    def __init__(self, send, most: int = 256):
-        self._send, self.most = send, most
+    `prepare`, if given, finishes a call's items in place just before they are sent, all at
+    once (`await prepare(items)`: an exception or None per item; an item that failed is failed
+    alone and left out of the call). Work done per item at submission time interleaves with
+    whatever else the loop runs; done here, it runs back to back, its code and data still hot."""
+
+    def __init__(self, send, most: int = 256, prepare=None):
+        self._send, self.most, self._prepare = send, most, prepare
         self._pending: list[tuple[list, asyncio.Future]] = []
         self._sending: set[asyncio.Task] = set()  # referenced until done
 
@@ -212,6 +217,15 @@ class Coalesced:
         if self._pending:  # more than one call's worth: the rest goes out beside this one
             self._schedule()
         try:
+            if self._prepare is not None:
+                errors = await self._prepare([item for item, _ in batch])
+                if any(e is not None for e in errors):
+                    for (_, fut), e in zip(batch, errors):
+                        if e is not None and not fut.done():
+                            fut.set_exception(e)
+                    batch = [b for b, e in zip(batch, errors) if e is None]
+                    if not batch:
+                        return
             got = await self._send([item for item, _ in batch])
             if len(got) != len(batch):
                 raise redis.exceptions.ResponseError(f"{len(got)} replies to {len(batch)} items")

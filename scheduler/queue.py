@@ -42,7 +42,7 @@ from scheduler import lua
 from scheduler.connection import Coalesced, durable
 from scheduler.jobs import TRANSITIONS, IllegalTransition
 from scheduler.keys import Keys, batch_of
-from scheduler.results import RedisResults, ResultStore, compress_result
+from scheduler.results import RedisResults, ResultStore, compress_result, compress_results
 from wire import (
     BatchCreated,
     Failure,
@@ -87,6 +87,24 @@ class LeaseLost(Exception):
     """The lease expired or was taken over; the holder must stop without writing."""
 
 
+def _finish_stats(traj: Trajectory) -> str:
+    """What a finish adds to `{p}stats`: the tokens, and the prefill histogram (a bucket per
+    turn, and the sum)."""
+    sampled = prompt = prefill_us = 0
+    buckets: dict[str, int] = {}
+    for t in traj.turns:
+        sampled += len(t.output_ids)
+        prompt += len(t.prompt_ids)
+        s = t.timings.prefill_s
+        key = PREFILL_KEYS[bisect_left(PREFILL_BUCKETS_S, s)]
+        buckets[key] = buckets.get(key, 0) + 1
+        prefill_us += round(s * 1e6)
+    stats = f"tokens:sampled={sampled},tokens:prompt={prompt},prefill_sum_us={prefill_us}"
+    for key, n in buckets.items():
+        stats += f",{key}={n}"
+    return stats
+
+
 class QuotaExceeded(Exception):
     """The tenant has `open` trajectories queued or running; `requested` more would pass `limit`."""
 
@@ -112,17 +130,44 @@ class Queue:
         self._claim = redis.register_script(lua.CLAIM)
         self._heartbeat = redis.register_script(lua.HEARTBEAT)
         self._turns = self._coalesced(lua.TURN)
-        self._finishes = self._coalesced(lua.FINISH)
+        # Results kept inline are packed and compressed as their call goes out (`_pack_finishes`).
+        self._inline = isinstance(self.results, RedisResults)
+        self._finishes = self._coalesced(lua.FINISH, self._pack_finishes if self._inline else None)
         self._reap = redis.register_script(lua.REAP)
         self._release = redis.register_script(lua.RELEASE)
         self._cancel = redis.register_script(lua.CANCEL)
 
-    def _coalesced(self, source: str) -> Coalesced:
+    def _coalesced(self, source: str, prepare=None) -> Coalesced:
         """Calls of the script made in the same moment go to Redis as one call, their items as one
         msgpack argument that the script decodes (Lua's cmsgpack): redis-py encodes each argument
         in Python, ten a finish. (`bin` off: cmsgpack reads strings only.)"""
         script = self.r.register_script(source)
-        return Coalesced(lambda items: script(args=[self.k.prefix, msgpack.packb(items, use_bin_type=False)]))
+        return Coalesced(lambda items: script(args=[self.k.prefix, msgpack.packb(items, use_bin_type=False)]),
+                         prepare=prepare)
+
+    @staticmethod
+    async def _pack_finishes(items: list[list]) -> list[Exception | None]:
+        """A finishing call's inline results, packed, counted and compressed together as the call
+        goes out: the worker's episodes then run back to back, and so does this (on the instant
+        engine, 11% more trajectories/s than doing it in each `complete`: benchmarks/queue_overhead.py).
+        A trajectory that cannot be packed fails its own `complete`, not its neighbours'."""
+        errors: list[Exception | None] = [None] * len(items)
+        packed: list[bytes] = []
+        at: list[list] = []
+        for i, item in enumerate(items):
+            traj = item[3]
+            if not isinstance(traj, Trajectory):  # a requeue: no result
+                continue
+            try:
+                packed.append(pack_trajectory(traj, samples=False))
+                item[9] = _finish_stats(traj)
+            except Exception as e:
+                errors[i] = e
+                continue
+            at.append(item)
+        for item, stored in zip(at, await compress_results(packed)):
+            item[3] = stored
+        return errors
 
     def _deadline_ms(self, lease_s: float | None = None) -> int:
         return int((time.time() + (self.lease_s if lease_s is None else lease_s)) * 1000)
@@ -217,26 +262,17 @@ class Queue:
             raise IllegalTransition(f"complete() needs a terminal state, got {traj.state.value}")
         failure = traj.failure.model_dump_json() if traj.failure else ""
         reward = "" if traj.reward is None else repr(traj.reward)
+        # (the state as itself: a str enum, which msgpack writes as its value)
+        if self._inline:  # the result goes in the script's call: packed as the call goes out
+            return bool(await self._finishes.submit([claim.trajectory_id, claim.token, traj.state, traj, reward,
+                                                     failure, time.time(), 0, "", ""]))
         # The result is kept first and recorded by the script: a reader never sees a terminal
         # state without its result. A lost race leaves a blob nobody recorded: drop it.
         stored = await compress_result(pack_trajectory(traj, samples=False))
         recorded = await self.results.put(claim.batch_id or batch_of(claim.trajectory_id), claim.trajectory_id, claim.token,
                                           stored)
-        sampled = prompt = prefill_us = 0
-        buckets: dict[str, int] = {}
-        for t in traj.turns:  # the prefill histogram: one bucket per turn, and the sum
-            sampled += len(t.output_ids)
-            prompt += len(t.prompt_ids)
-            s = t.timings.prefill_s
-            key = PREFILL_KEYS[bisect_left(PREFILL_BUCKETS_S, s)]
-            buckets[key] = buckets.get(key, 0) + 1
-            prefill_us += round(s * 1e6)
-        stats = f"tokens:sampled={sampled},tokens:prompt={prompt},prefill_sum_us={prefill_us}"
-        for key, n in buckets.items():
-            stats += f",{key}={n}"
-        # (the state as itself: a str enum, which msgpack writes as its value)
         got = await self._finishes.submit([claim.trajectory_id, claim.token, traj.state, recorded, reward,
-                                           failure, time.time(), 0, "", stats])
+                                           failure, time.time(), 0, "", _finish_stats(traj)])
         if not got:
             await self.results.discard(recorded)
         return bool(got)

@@ -62,12 +62,21 @@ def compress(packed: bytes, level: int = FAST_LEVEL) -> bytes:
     return c.compress(packed)
 
 
+async def compress_results(packed: list[bytes]) -> list[bytes]:
+    """Finished trajectories as stored: inline at FAST_LEVEL when small, else LARGE_LEVEL in a
+    thread, off the event loop (the large ones of a call in one thread call)."""
+    out = [compress(p) if len(p) < LARGE else b"" for p in packed]
+    large = [i for i, p in enumerate(packed) if len(p) >= LARGE]
+    if large:
+        done = await asyncio.to_thread(lambda: [compress(packed[i], LARGE_LEVEL) for i in large])
+        for i, stored in zip(large, done):
+            out[i] = stored
+    return out
+
+
 async def compress_result(packed: bytes) -> bytes:
-    """A finished trajectory as stored: inline at FAST_LEVEL when small, else LARGE_LEVEL in a
-    thread, off the event loop."""
-    if len(packed) < LARGE:
-        return compress(packed)
-    return await asyncio.to_thread(compress, packed, LARGE_LEVEL)
+    """One finished trajectory as stored (`compress_results`)."""
+    return (await compress_results([packed]))[0]
 
 
 def plain(stored: bytes) -> bytes:

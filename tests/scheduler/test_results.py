@@ -163,3 +163,49 @@ async def test_a_large_result_is_stored_harder_and_reads_back_the_same():
     stored = await compress_result(large)
     assert stored[:4] == ZSTD and plain(stored) == large
     assert len(stored) < 0.95 * len(compress(large, FAST_LEVEL))
+
+
+async def test_results_of_one_moment_are_packed_together_and_one_that_cannot_be_fails_alone(
+        redis, keys, monkeypatch):
+    """Inline results are packed, counted and compressed as their finishing call goes out; the
+    finishes of one moment share that call. A trajectory whose packing raises fails its own
+    `complete`; the others of its call are recorded, large ones stored harder as ever."""
+    from benchmarks.payload import synthetic
+    import numpy as np
+
+    import scheduler.queue as queue_mod
+    from scheduler.results import FAST_LEVEL, LARGE, LARGE_LEVEL, compress
+    from wire.packed import pack_trajectory
+
+    q, store = Queue(redis, keys), Store(redis, keys)
+    b = await q.enqueue(request_(n_tasks=2, group=2))
+    claims = await q.claim_many("w1", 4)
+    bad = claims[1].trajectory_id
+    real_pack = queue_mod.pack_trajectory
+
+    def pack(traj, **kw):
+        if traj.id == bad:
+            raise ValueError("cannot pack this one")
+        return real_pack(traj, **kw)
+
+    monkeypatch.setattr(queue_mod, "pack_trajectory", pack)
+    sends = []
+    real_send = q._finishes._send
+    q._finishes._send = lambda items: sends.append(len(items)) or real_send(items)
+    large = synthetic(np.random.default_rng(0), 8192).model_copy(update={
+        "id": claims[2].trajectory_id, "batch_id": b.id, "group_index": 1, "sample_index": 0})
+    trajs = [result(claims[0].trajectory_id), result(bad), large, result(claims[3].trajectory_id, 0.5)]
+    got = await asyncio.gather(*(q.complete(c, t) for c, t in zip(claims, trajs)), return_exceptions=True)
+    assert got[0] is True and isinstance(got[1], ValueError) and got[2] is True and got[3] is True
+    assert sends == [3]  # one call, the failed one left out
+    for c, t in zip(claims, trajs):
+        if c.trajectory_id != bad:
+            assert await store.trajectory(c.trajectory_id) == t
+    stored = {c.trajectory_id: await redis.hget(keys.traj(c.trajectory_id), "result") for c in claims}
+    assert stored[claims[0].trajectory_id] == compress(real_pack(trajs[0], samples=False), FAST_LEVEL)
+    assert len(real_pack(large, samples=False)) >= LARGE
+    assert stored[claims[2].trajectory_id] == compress(real_pack(large, samples=False), LARGE_LEVEL)
+    st = await store.batch_status(b.id)
+    assert st.counts[TrajectoryState.completed] == 3 and st.counts[TrajectoryState.running] == 1
+    assert (await redis.hgetall(keys.stats)).get(b"tokens:sampled") == str(9 + 9 + sum(
+        len(t.output_ids) for t in large.turns)).encode()
