@@ -83,15 +83,13 @@ async def test_one_heartbeat_renews_every_lease_a_worker_holds(settings, redis, 
 async def test_a_result_slow_to_write_keeps_its_lease(settings, redis, keys, monkeypatch):
     """The episode ended but its result takes longer than a lease to write (a slow blob store, a
     starved worker): the heartbeat goes on renewing it meanwhile, so it is not run again."""
-    from scheduler.results import RedisResults
-
-    real = RedisResults.put
+    real = Queue.complete  # (inline results are written by the finishing call itself: held here)
 
     async def slow(self, *args):
         await asyncio.sleep(2.5 * settings.lease_s)
         return await real(self, *args)
 
-    monkeypatch.setattr(RedisResults, "put", slow)
+    monkeypatch.setattr(Queue, "complete", slow)
     q, store = Queue(redis, keys), Store(redis, keys)
     b = await q.enqueue(RolloutRequest(tasks=[{"seed": 1}], env="math"))
     with RunningWorker(settings):
@@ -104,9 +102,7 @@ async def test_a_result_slow_to_write_keeps_its_lease(settings, redis, keys, mon
 async def test_a_slot_frees_when_its_episode_ends_while_its_result_is_written(settings, redis, keys, monkeypatch):
     """The next claim overlaps a result's write: `concurrency` episodes run at once, and up to
     as many again may be writing their results (never more)."""
-    from scheduler.results import RedisResults
-
-    real, gate, writing, most = RedisResults.put, [], [0], [0]
+    real, gate, writing, most = Queue.complete, [], [0], [0]  # (the result's write, held)
 
     async def held(self, *args):  # each write waits until four are being written (or 20 s)
         if not gate:
@@ -120,7 +116,7 @@ async def test_a_slot_frees_when_its_episode_ends_while_its_result_is_written(se
         writing[0] -= 1
         return await real(self, *args)
 
-    monkeypatch.setattr(RedisResults, "put", held)
+    monkeypatch.setattr(Queue, "complete", held)
     q, store = Queue(redis, keys), Store(redis, keys)
     b = await q.enqueue(RolloutRequest(tasks=[{"seed": i} for i in range(6)], env="math"))
     with RunningWorker(settings, concurrency=2, prefetch=0):  # (no claims held ahead: see the next tests)
