@@ -247,7 +247,7 @@ class Worker:
         uncharged, rather than when its leases lapse (if Redis is away, they lapse instead)."""
         with contextlib.suppress(Exception, asyncio.CancelledError):
             claims = await asyncio.wait_for(asyncio.shield(pending), HAND_BACK_S)
-            await asyncio.wait_for(asyncio.gather(*(self.queue.restart(c) for c in claims)), HAND_BACK_S)
+            await asyncio.gather(*(self._hand_back(c) for c in claims))
         if not pending.done():
             pending.cancel()
 
