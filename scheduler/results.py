@@ -39,13 +39,17 @@ from wire.packed import pack_trajectory
 
 BLOB = b"blob:"
 ZSTD = b"\x28\xb5\x2f\xfd"  # a zstd frame's magic number
-# Level 3 (zstd's default) for what is small or compressed on a request's path: ~0.1 ms for 2k
-# tokens. A result of LARGE bytes or more (packed: ~1,800 tokens) is stored at level 16, in a
-# thread (zstd releases the GIL): on benchmarks/payload.py's 32k-token trajectories 4.18x
-# smaller than JSON against 3.86x at level 3, for ~30 ms instead of ~1.2 ms (~1 ms per 1k
-# tokens, once, beside minutes of generation). Levels 11-15 gain under 4% there; 16 is the
-# first of zstd's `btultra` levels, 17-19 add under 1% for more time.
-FAST_LEVEL, LARGE_LEVEL, LARGE = 3, 16, 16 * 1024
+# Level 1 for what is small or compressed on a request's path: on benchmarks/queue_overhead.py's
+# 1.7 KB results 112k instructions a result against level 3's 135k (callgrind), the same size
+# (1.786x against 1.789x), and 0.5% larger than level 3 on int32 ids of a 49k vocabulary; most
+# of either is building the frame's entropy tables, which no faster level avoids but the
+# negative ones (no Huffman literals: 12-13% larger). A result of LARGE bytes or more (packed:
+# ~1,800 tokens) is stored at level 16, in a thread (zstd releases the GIL): on
+# benchmarks/payload.py's 32k-token trajectories 4.18x smaller than JSON against 3.86x at level
+# 3, for ~30 ms instead of ~1.2 ms (~1 ms per 1k tokens, once, beside minutes of generation).
+# Levels 11-15 gain under 4% there; 16 is the first of zstd's `btultra` levels, 17-19 add under
+# 1% for more time.
+FAST_LEVEL, LARGE_LEVEL, LARGE = 1, 16, 16 * 1024
 
 
 _local = threading.local()  # a compressor per thread and level: making one costs more than compressing 2 KB

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import redis.asyncio as aioredis
+from pydantic_core import from_json
 
 from scheduler.keys import Keys
 from scheduler.results import RedisResults, ResultStore, plain
@@ -33,7 +34,17 @@ from wire.packed import pack_trajectory, unpack, unpack_trajectory, unpack_turn
 if TYPE_CHECKING:
     from scheduler.queue import Claim
 
+_event = TrajectoryEvent.__pydantic_validator__.validate_python
 PARAMS_CACHED = 1024  # batches whose parameters a Store keeps parsed (least recently used go first)
+
+
+def _task(raw: str | bytes) -> Any:
+    """A stored task (JSON): pydantic-core's parser, ~1 µs faster a trajectory than `json.loads`;
+    `json` for what only it reads (a lone surrogate escaped in a string)."""
+    try:
+        return from_json(raw)
+    except ValueError:
+        return json.loads(raw)
 
 
 def _s(v: bytes | str | None) -> str | None:
@@ -197,10 +208,12 @@ class Store:
                     out.append((eid, None))
                     continue
                 ms, n = eid.split("-")
-                # validated: pydantic-core builds it faster than `model_construct` (1.3 against 2.3 µs)
-                out.append((eid, TrajectoryEvent(
-                    trajectory_id=tid, state=state, reward=float(reward) if reward else None,
-                    failure=Failure.model_validate_json(failure) if failure else None, seq=int(ms) * 1000 + int(n))))
+                # validated: pydantic-core builds it faster than `model_construct`, and from a dict
+                # faster than through the model's `__init__` (1.0, 1.3 and 2.3 µs)
+                out.append((eid, _event({
+                    "trajectory_id": tid, "state": state, "reward": float(reward) if reward else None,
+                    "failure": Failure.model_validate_json(failure) if failure else None,
+                    "seq": int(ms) * 1000 + int(n)})))
         return out
 
     async def work(self, tid: str, claim: Claim | None = None) -> Work:
@@ -220,7 +233,7 @@ class Store:
             req = await asyncio.shield(loading)
         else:
             self._params.move_to_end(bid)
-        return Work(tid, bid, int(group), int(sample), json.loads(task), req)
+        return Work(tid, bid, int(group), int(sample), _task(task), req)
 
     def _loaded(self, bid: str, f: asyncio.Future) -> None:
         del self._loading[bid]

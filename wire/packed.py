@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import struct
 import sys
+import threading
 from array import array
 from typing import Any
 
@@ -54,14 +55,29 @@ assert array("i").itemsize == 4 and array("f").itemsize == 4, "int32/float32 arr
 _SWAP = sys.byteorder != "little"  # the wire is little-endian; so is every machine we run on
 
 
+# Compiled `struct` formats by item code and length, at most STRUCTS_CACHED (then all go): a
+# turn packs three arrays, and `struct.pack`'s own cache (100 formats, all dropped when full)
+# keeps few of the lengths a worker sees; compiled once, each array packs ~0.4 µs sooner.
+STRUCTS_CACHED = 4096
+_structs: dict[str, dict[int, struct.Struct]] = {"i": {}, "f": {}, "B": {}}
+_local = threading.local()  # a msgpack Packer per thread (`_packer`)
+
+
 def _pack(code: str, values: Any) -> bytes:
     """`values` as little-endian `code` items. `struct` takes a list 1.3-2x faster than `array`
     does; where it refuses (a float beyond float32's range, an int beyond int32's), `array` gives
     what it always gave (±inf; OverflowError)."""
     if not isinstance(values, (list, tuple)):
         values = list(values)
+    n = len(values)
+    formats = _structs[code]
+    s = formats.get(n)
+    if s is None:
+        if len(formats) >= STRUCTS_CACHED:
+            formats.clear()
+        s = formats[n] = struct.Struct(f"<{n}{code}")
     try:
-        return struct.pack(f"<{len(values)}{code}", *values)
+        return s.pack(*values)
     except (struct.error, OverflowError):
         a = array(code, values)
         if _SWAP:
@@ -165,11 +181,21 @@ def pack_trajectory(t: Trajectory, samples: bool = True) -> bytes:
     # the turns and messages as `_packable` has them, built here: a hook call per model costs more
     d["turns"] = [_turn_fields(x) for x in t.turns]
     d["messages"] = [m.__dict__ for m in t.messages]
-    return msgpack.packb(d, default=_packable, use_bin_type=True)
+    return _packer().pack(d)
+
+
+def _packer() -> msgpack.Packer:
+    """This thread's Packer for trajectories and turns: `msgpack.packb` makes one, with a 256 KiB
+    buffer, each call (~0.5 µs of a result's ~8). A Packer resets itself after each `pack`, and
+    after one that raised."""
+    p = getattr(_local, "packer", None)
+    if p is None:
+        p = _local.packer = msgpack.Packer(default=_packable, use_bin_type=True)
+    return p
 
 
 def pack_turn(t: Turn) -> bytes:
-    return msgpack.packb(t, default=_packable, use_bin_type=True)
+    return _packer().pack(t)
 
 
 def unpack_turn(raw: bytes) -> Turn:

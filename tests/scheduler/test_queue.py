@@ -359,6 +359,19 @@ async def test_a_claim_brings_the_trajectorys_fields_so_its_work_needs_no_read(q
     assert [(x.group_index, x.sample_index) for x in many] == [(0, 1)] and many[0].token != c.token
 
 
+async def test_a_task_reaches_its_episode_as_submitted_whatever_json_it_holds(queue, store):
+    """Tasks are parsed by pydantic-core's JSON reader, which refuses a lone surrogate that Python's
+    `json` writes and reads (`\\ud800`): such a task still arrives whole, and so do big ints,
+    non-finite floats, nesting and non-ASCII text."""
+    tasks = [{"q": "lone \ud800 surrogate"}, {"n": 2 ** 80, "x": [float("inf"), -0.0, 1e-300]},
+             {"deep": {"a": [None, True, "café 😀"]}}, {}]
+    b = await queue.enqueue(RolloutRequest(tasks=tasks, env="math"))
+    claims = await queue.claim_many("w", 10)
+    got = {c.group_index: (await store.work(c.trajectory_id, c)).task for c in claims}
+    assert [got[g] for g in range(len(tasks))] == tasks and len(claims) == len(tasks)
+    assert (await store.work(f"{b.id}-0-0")).task == tasks[0]  # read from Redis, without a claim
+
+
 async def test_a_batchs_parameters_are_read_once_however_many_of_it_start_at_once(queue, store, monkeypatch):
     """A worker with thousands of free slots claims hundreds of one batch at once: one read of
     its parameters between them (not one each, which ran its connection pool dry)."""

@@ -88,6 +88,33 @@ def test_a_logprob_beyond_float32_packs_as_infinity_and_any_iterable_packs():
     assert pack_ints(range(3)) == pack_ints((0, 1, 2)) == np.arange(3, dtype="<i4").tobytes()
 
 
+def test_arrays_of_more_lengths_than_the_compiled_formats_kept_still_pack_exactly(monkeypatch):
+    """Formats are compiled once per length and kept up to a bound, then dropped together."""
+    import wire.packed as packed
+
+    monkeypatch.setattr(packed, "STRUCTS_CACHED", 8)
+    monkeypatch.setitem(packed._structs, "i", {})
+    for n in [*range(30), 3, 29, 1000]:  # more lengths than kept, and lengths seen before
+        ids = [(7919 * k) % 2**31 - 2**30 for k in range(n)]
+        assert pack_ints(ids) == np.array(ids, "<i4").tobytes()
+        assert len(packed._structs["i"]) <= 8
+    assert pack_ints([]) == b""
+
+
+def test_a_result_that_fails_to_pack_leaves_the_next_one_packed_whole():
+    """Packing reuses one msgpack Packer per thread: one that raised halfway must not leave its
+    bytes in front of the next result's."""
+    good = traj([turn(0, [1, 2], [3], [-0.5])])
+    want = pack_trajectory(good)
+    bad = traj([turn(0, [1, 2], [3], [-0.5])])
+    bad.messages = [Message(role="user", content="x")]
+    bad.messages[0].content = object()  # not encodable: fails inside msgpack, after the keys before it
+    with pytest.raises(Exception):
+        pack_trajectory(bad)
+    assert pack_trajectory(good) == want and unpack(unpack_trajectory(want)) == good
+    assert unpack_turn(pack_turn(good.turns[0])) == good.turns[0]
+
+
 def test_packed_samples_match_the_json_forms_samples_segment_by_segment():
     t = traj([turn(0, [1, 2], [3, 4], [-0.5, -0.25]), turn(1, [5], [6], [-3.0]),
               turn(2, [7, 8, 9], [10], [-0.5], segment=1)])
