@@ -7,6 +7,7 @@ import struct
 import msgpack
 import numpy as np
 import pytest
+from pydantic_core import PydanticSerializationError
 
 from trainer_client.tensors import as_numpy, as_torch
 from wire import Trajectory, TrajectoryPage, TrajectoryState, Turn
@@ -109,7 +110,7 @@ def test_a_result_that_fails_to_pack_leaves_the_next_one_packed_whole():
     bad = traj([turn(0, [1, 2], [3], [-0.5])])
     bad.messages = [Message(role="user", content="x")]
     bad.messages[0].content = object()  # not encodable: fails inside msgpack, after the keys before it
-    with pytest.raises(Exception):
+    with pytest.raises(PydanticSerializationError):  # (msgpack's hook hands it to pydantic, which refuses)
         pack_trajectory(bad)
     assert pack_trajectory(good) == want and unpack(unpack_trajectory(want)) == good
     assert unpack_turn(pack_turn(good.turns[0])) == good.turns[0]
