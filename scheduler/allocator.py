@@ -43,6 +43,11 @@ forecast sees only live trajectories. Where the engines wait on the tools more t
 (`benchmarks/pd_estimate.py`), on the DP-attention MoE about the same; but guided with it moved
 where it lost, and found no split the default misses (`benchmarks/sim/README.md`): not the default.
 
+Engines of several sizes (a per-role launch, `scheduler.launch`: prefill engines of one GPU for
+decode engines of eight, say) are allocated too (`Allocator(sizes=..., capacities=...)`): each
+engine keeps its size and moves between prefill and decode, and a layout is priced with every
+engine at its own size's measured speed, the slowest size of a role setting that role's pace.
+
 `allocate(demand, drain_s, now)` moves toward the best layout only when it pays:
 - the gain (the share of throughput the new layout wins, held for `payback_s` or, when the
   current layout has been losing by `min_gain` for longer, for as long as it has — a burst is
@@ -65,6 +70,7 @@ Non-goals: routing (`scheduler.router`), forecasting (`scheduler.forecast`), mea
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
@@ -72,7 +78,7 @@ from scheduler.capacity import Capacity
 from scheduler.forecast import Demand
 from scheduler.roles import EngineRole, EngineState, Role
 
-__all__ = ["ESTIMATES", "Allocator", "AllocatorConfig", "Capacity", "Layout", "Move"]
+__all__ = ["ESTIMATES", "Allocator", "AllocatorConfig", "Capacity", "Layout", "Move", "Sized"]
 
 INF = float("inf")
 ESTIMATES = ("throughput", "closed_loop")
@@ -86,6 +92,23 @@ class Layout:
 
     def count(self, role: Role) -> int:
         return {Role.prefill: self.prefill, Role.decode: self.decode, Role.mixed: self.mixed}[role]
+
+
+# A layout of engines of several sizes: (size, its engines' layout) for each size, smallest first.
+Sized = tuple[tuple[int, Layout], ...]
+
+
+def _total(lay: Layout | Sized) -> Layout:
+    if isinstance(lay, Layout):
+        return lay
+    return Layout(*(sum(x.count(r) for _, x in lay) for r in (Role.prefill, Role.decode, Role.mixed)))
+
+
+def _count(lay: Layout | Sized, size: int, role: Role) -> int:
+    """Engines of `size` in `role` (a `Layout`: of every engine; they are all one size)."""
+    if isinstance(lay, Layout):
+        return lay.count(role)
+    return sum(x.count(role) for k, x in lay if k == size)
 
 
 @dataclass(slots=True)
@@ -127,12 +150,25 @@ class Allocator:
 
     def __init__(self, engine_ids: Iterable[str], capacity: Capacity | None = None,
                  config: AllocatorConfig | None = None, initial: Layout | None = None, now: float = 0.0,
-                 prefill_capacity: Capacity | None = None):
+                 prefill_capacity: Capacity | None = None, sizes: Mapping[str, int] | None = None,
+                 capacities: Mapping[int, Capacity] | None = None):
         """`prefill_capacity`: the prefill engines' own step model, where they run at another size
-        than the rest (per-role parallelism, fixed at launch: `scheduler.launch`); default `capacity`."""
+        than the rest (a launch being scored: `scheduler.launch`); default `capacity`.
+        `sizes` (each engine's GPUs) with `capacities` (each size's step model): a launch of
+        engines of several sizes (per-role parallelism, `rollout launch-plan`). Roles then move
+        within each size, never a size (that is a relaunch), and every layout is priced with each
+        engine at its own size's speed (`estimate`); one size is the uniform allocator."""
         ids = sorted(engine_ids)
         self.capacity = capacity or Capacity()
         self.prefill_capacity = prefill_capacity
+        self.sizes: dict[str, int] | None = None
+        self.capacities: dict[int, Capacity] = {}
+        if sizes is not None and len(set(sizes.values())) > 1:
+            missing = set(ids) - set(sizes)
+            if missing:
+                raise ValueError(f"no size for engines {sorted(missing)}")
+            self.sizes = {e: sizes[e] for e in ids}
+            self.capacities = {k: (capacities or {}).get(k) or self.capacity for k in set(self.sizes.values())}
         self.config = config or AllocatorConfig()
         if self.config.estimate not in ESTIMATES:
             raise ValueError(f"unknown estimate {self.config.estimate!r}; one of {', '.join(ESTIMATES)}")
@@ -143,8 +179,8 @@ class Allocator:
         for e, r in zip(ids, roles):
             self.engines[e].ready(now, r)
         self.history: list[tuple[float, Move]] = []
-        self._pending: tuple[Layout, int] | None = None  # the winning layout and how many decisions in a row
-        self._heading: Layout | None = None  # the target of a move made in two steps
+        self._pending: tuple[Layout | Sized, int] | None = None  # the winning layout and how many decisions in a row
+        self._heading: Layout | Sized | None = None  # the target of a move made in two steps
         self._losing_since: float | None = None  # since when another layout has been clearly better
 
     # --- reading -----------------------------------------------------------------------
@@ -164,10 +200,53 @@ class Allocator:
     def draining(self) -> list[str]:
         return [e for e, s in self.engines.items() if s.state is EngineState.draining]
 
+    def sized(self) -> Layout | Sized:
+        """`layout()` by engine size where the engines are of several sizes."""
+        if self.sizes is None:
+            return self.layout()
+        return self._layout_of([(self.sizes[e], s.next_role if s.state is EngineState.draining else s.role)
+                                for e, s in self.engines.items() if s.state is not EngineState.dead])
+
+    def _size(self, engine: str) -> int:
+        return self.sizes[engine] if self.sizes is not None else 0
+
+    def _layout_of(self, roles: list[tuple[int, Role | None]]) -> Layout | Sized:
+        """The layout of (size, role) pairs: a `Sized` one where the engines are of several sizes."""
+        if self.sizes is None:
+            return Layout(*(sum(1 for _, r in roles if r is x) for x in (Role.prefill, Role.decode, Role.mixed)))
+        return tuple((k, Layout(*(sum(1 for kk, r in roles if kk == k and r is x)
+                                  for x in (Role.prefill, Role.decode, Role.mixed))))
+                     for k in sorted(set(self.sizes.values())))
+
     # --- scoring -----------------------------------------------------------------------
-    def estimate(self, lay: Layout, d: Demand) -> float:
-        """Seconds the layout needs for the demand (see the module docstring)."""
-        cap = self.capacity
+    def estimate(self, lay: Layout | Sized, d: Demand) -> float:
+        """Seconds the layout needs for the demand (see the module docstring). A `Sized` layout
+        (engines of several sizes) is priced with every engine at its own size's speed: the router
+        gives each engine of a role an even share whatever its size, so the slowest size in each
+        role sets the pace, the max over each role's sizes (the throughput estimate only)."""
+        if isinstance(lay, Layout):
+            cap = self.capacity
+            pcap = self.prefill_capacity or cap
+            holders = lay.prefill + lay.decode + lay.mixed if self.config.response_kv_pushed else \
+                lay.prefill + lay.mixed
+            kv = lay.prefill * pcap.kv_tokens + (holders - lay.prefill) * cap.kv_tokens
+            return self._estimate(lay, d, cap, cap, pcap, kv, closed_loop=True)
+        caps = self.capacities
+        total = _total(lay)
+        pushed = self.config.response_kv_pushed
+        kv = sum(caps[k].kv_tokens * (x.prefill + x.mixed + (x.decode if pushed else 0)) for k, x in lay)
+        every = [k for k, _ in lay]
+        decs = [k for k, x in lay if x.decode] or [k for k, x in lay if x.mixed] or every
+        mixes = [k for k, x in lay if x.mixed] or decs
+        pres = [k for k, x in lay if x.prefill] or every
+        return max(self._estimate(total, d, caps[dk], caps[mk], caps[pk], kv)
+                   for dk in decs for mk in mixes for pk in pres)
+
+    def _estimate(self, lay: Layout, d: Demand, dcap: Capacity, mcap: Capacity, pcap: Capacity, kv: float,
+                  closed_loop: bool = False) -> float:
+        """`lay` with its decode engines at `dcap`, mixed at `mcap`, prefill at `pcap`; `kv`: the KV
+        tokens of the engines a turn's prefill can start from (below)."""
+        cap = dcap
         p, dec, m = lay.prefill, lay.decode, lay.mixed
         decoders, prefillers = dec + m, p + m
         if (d.decode_tokens > 0 and decoders == 0) or (d.prefill_tokens > 0 and prefillers == 0):
@@ -179,16 +258,19 @@ class Allocator:
         span = max(self.config.dwell_s / d.horizon_s, 1.0) if d.horizon_s > 0 else 1.0
         growth = span * max(d.prefill_arrivals - d.ending_context, 0.0) / d.live if d.live else 0.0
         ctx = max(d.mean_context, 1.0) + growth / 2
-        fit = max(cap.kv_tokens / ctx, 1.0)
         b = seqs / decoders if decoders else 0.0
-        waves = max(1.0, b / fit)  # sequences beyond an engine's KV wait for a later wave
-        decode_s = waves * steps * cap.step_s(min(b, fit), ctx) if d.decode_tokens > 0 else 0.0
+
+        def decoding(c: Capacity) -> tuple[float, float, float]:
+            """(seconds, batch that fits its KV, waves) decoding an engine's share on engines of `c`."""
+            fit = max(c.kv_tokens / ctx, 1.0)
+            waves = max(1.0, b / fit)  # sequences beyond an engine's KV wait for a later wave
+            return (waves * steps * c.step_s(min(b, fit), ctx) if d.decode_tokens > 0 else 0.0), fit, waves
+
+        decode_s, fit, waves = decoding(cap)
         # the engines whose caches a turn's prefill can start from: those that prefill, or, where KV
         # moves between engines (`response_kv_pushed`), every engine: a prefill engine that evicted a
         # conversation reads it back from the engine that decoded it (its KV stays there, cached)
-        pcap = self.prefill_capacity or cap
         holders = p + dec + m if self.config.response_kv_pushed else prefillers
-        kv = p * pcap.kv_tokens + (holders - p) * cap.kv_tokens
         tokens = self.prefill_tokens(d, holders, split=False, kv=kv)
         extra = 0.0 if self.config.response_kv_pushed or not tokens else d.turns * d.mean_response / tokens
         # a turn's prefill attends to the conversation before it: the prefill-weighted context
@@ -199,23 +281,25 @@ class Allocator:
         def prefill_side(x: float) -> float:  # x tokens on the prefill engines
             return x * (1.0 + extra) / (p * rate) if p else 0.0
 
+        m_decode_s, m_fit, m_waves = (decode_s, fit, waves) if mcap is cap else decoding(mcap)
+
         def mixed_side(y: float) -> float:  # y tokens on the mixed engines
             if not m:
                 return 0.0
             per = y / m
             if per <= 0:
-                return decode_s
+                return m_decode_s
             turns = d.turns * (y / tokens) / m
-            n_steps = steps * waves if d.decode_tokens > 0 else 0.0
+            n_steps = steps * m_waves if d.decode_tokens > 0 else 0.0
             # each turn's prefill rides at least one step; a step carries at most the budget
-            chunk_steps = max(per / cap.chunk_tokens, min(turns, n_steps), 1e-9)
+            chunk_steps = max(per / mcap.chunk_tokens, min(turns, n_steps), 1e-9)
             k = per / chunk_steps
-            bb = min(b, fit)
-            stall = cap.step_s(bb, ctx, k, pfx) - cap.step_s(bb, ctx, 0.0)
-            return decode_s + chunk_steps * stall + max(chunk_steps - n_steps, 0.0) * cap.step[0]
+            bb = min(b, m_fit)
+            stall = mcap.step_s(bb, ctx, k, pfx) - mcap.step_s(bb, ctx, 0.0)
+            return m_decode_s + chunk_steps * stall + max(chunk_steps - n_steps, 0.0) * mcap.step[0]
 
-        if (self.config.estimate == "closed_loop" and d.turn_response > 0 and d.turn_prefill > 0 and d.turns > 0
-                and d.live > 0):
+        if (closed_loop and self.config.estimate == "closed_loop" and d.turn_response > 0 and d.turn_prefill > 0
+                and d.turns > 0 and d.live > 0):
             return self._closed_loop(lay, d, tokens, extra, pfx, ctx, fit, steps)
         # a split pipelines prefill and decode, but a turn waiting now decodes only once prefilled:
         # the last of the backlog starts decoding when the prefill engines are through it (a
@@ -312,10 +396,24 @@ class Allocator:
             out.add(include)
         return sorted(out, key=lambda lay: (lay.prefill, lay.decode))
 
-    def plan(self, d: Demand) -> tuple[Layout, float]:
+    def targets(self) -> list[Layout] | list[Sized]:
+        """The layouts a move may head for: `candidates` of the live engines, or, where they are of
+        several sizes, every combination of each size's prefill/decode splits. No mixed engine there:
+        the router leaves a mixed engine the decodes of what it prefilled (`RoleAware.pick_decode`) until
+        it is far busier than the decode engines, not the even share `estimate` prices, and beside
+        engines of another size that error picked layouts that ran up to 1.8x slower in the simulator
+        (the 32B, 4 prefill engines of TP1 and one decode engine of TP4, in `math`)."""
+        alive = [e for e, s in self.engines.items() if s.state is not EngineState.dead]
+        if self.sizes is None:
+            return self.candidates(len(alive))
+        counts = {k: sum(1 for e in alive if self.sizes[e] == k) for k in sorted(set(self.sizes.values()))}
+        per = [[(k, lay) for lay in self.candidates(n) if not lay.mixed] for k, n in counts.items()]
+        return [tuple(combo) for combo in itertools.product(*per)]
+
+    def plan(self, d: Demand) -> tuple[Layout | Sized, float]:
         n = sum(1 for s in self.engines.values() if s.state is not EngineState.dead)
-        return min(((lay, self.estimate(lay, d)) for lay in self.candidates(n)),
-                   key=lambda x: (x[1], x[0].mixed != n, x[0].prefill))
+        return min(((lay, self.estimate(lay, d)) for lay in self.targets()),
+                   key=lambda x: (x[1], _total(x[0]).mixed != n, _total(x[0]).prefill))
 
     # --- deciding ----------------------------------------------------------------------
     def allocate(self, d: Demand, drain_s: Mapping[str, float], now: float,
@@ -324,10 +422,12 @@ class Allocator:
         `cached`: the conversation tokens each engine's prefix cache holds (a move from a role that
         prefills to one that does not strands them: the prefill engines rebuild them, a cost)."""
         cfg = self.config
-        if self.draining() or self.capacity.samples < cfg.min_samples or d.observed < cfg.min_observed * d.live:
+        samples = min(c.samples for c in self.capacities.values()) if self.sizes else self.capacity.samples
+        if self.draining() or samples < cfg.min_samples or d.observed < cfg.min_observed * d.live:
             return []
-        cur = self.layout()
-        n = cur.prefill + cur.decode + cur.mixed
+        cur = self.sized()
+        tot = _total(cur)
+        n = tot.prefill + tot.decode + tot.mixed
         if 0 < d.live < n:
             # a round's tail: at most one trajectory an engine, so colocation has no interference to
             # take away, and a split moved to for it greets the next round's burst (Llama-3-8B `web`
@@ -346,18 +446,21 @@ class Allocator:
         budget = max(1, int(cfg.max_moves * n))
         movable = [(drain_s.get(e, 0.0), e, s.role) for e, s in self.engines.items()
                    if s.state is EngineState.ready and now - s.since >= cfg.dwell_s]
-        pools = {r: sorted((c, e) for c, e, role in movable if role is r) for r in Role}
-        best: tuple[float, list[Move], Layout, int] | None = None
-        for lay in self.candidates(n):
-            surplus = {r: cur.count(r) - lay.count(r) for r in Role}
+        sizes = sorted(set(self.sizes.values())) if self.sizes else [0]
+        pools = {(k, r): sorted((c, e) for c, e, role in movable if role is r and self._size(e) == k)
+                 for k in sizes for r in Role}
+        best: tuple[float, list[Move], Layout | Sized, int, bool] | None = None
+        for lay in self.targets():
+            # each size's engines move among that size's roles: what one gives, the same size takes
+            surplus = {(k, r): _count(cur, k, r) - _count(lay, k, r) for k in sizes for r in Role}
             n_moves = sum(v for v in surplus.values() if v > 0)
-            if n_moves == 0 or any(len(pools[r]) < v for r, v in surplus.items()):
+            if n_moves == 0 or any(len(pools[kr]) < v for kr, v in surplus.items()):
                 continue
             new_s = self.estimate(lay, d)
             if new_s == INF or new_s >= cur_s:
                 continue
-            gives = [(c, e, r) for r in Role if surplus[r] > 0 for c, e in pools[r][: surplus[r]]]
-            wants = [r for r in Role for _ in range(max(-surplus[r], 0))]
+            gives = [(c, e, r) for k in sizes for r in Role if surplus[k, r] > 0 for c, e in pools[k, r][: surplus[k, r]]]
+            wants = [r for k in sizes for r in Role for _ in range(max(-surplus[k, r], 0))]
             drains = [not cfg.routing_only or new is Role.prefill for new in wants]
             now_moves = [True] * len(gives)
             if not self._serves(gives, wants, drains, now_moves):
@@ -385,9 +488,8 @@ class Allocator:
             cost = sum((cfg.drain_idle * c if dr else 0.0) + cfg.switch_s for (c, _, _), dr in zip(gives, drains))
             cost = max(cost, self._transition(cur_s, d, gives, wants, drains, now_moves) + cfg.switch_s * len(gives))
             if cached:
-                rate = self.capacity.prefill_rate(d.mean_context)
-                cost += sum(cached.get(e, 0.0) / rate for (_, e, old), new in zip(gives, wants)
-                            if old.prefills and not new.prefills)
+                cost += sum(cached.get(e, 0.0) / self._capacity(e).prefill_rate(d.mean_context)
+                            for (_, e, old), new in zip(gives, wants) if old.prefills and not new.prefills)
             share = 1.0 - new_s / cur_s if cur_s < INF else 1.0  # throughput share the new layout wins
             gain = share * n * payback  # engine-seconds won over the payback window
             if gain > (1.0 + cfg.margin) * cost and share >= cfg.min_gain:
@@ -424,8 +526,7 @@ class Allocator:
         draining = [(c, e) for (c, e, _), dr, g in zip(gives, drains, go) if dr and g]
         if not draining or cur_s == INF:
             return 0.0
-        left = self._left(gives, wants, drains, go)
-        inter = Layout(left.count(Role.prefill), left.count(Role.decode), left.count(Role.mixed))
+        inter = self._layout_of(self._left(gives, wants, drains, go))
         n = sum(1 for s in self.engines.values() if s.state is not EngineState.dead)
         # the draining engines decode what they hold themselves (about their share of the sequences):
         # the engines left carry the rest; and they come back one by one, after the mean drain
@@ -438,14 +539,18 @@ class Allocator:
     def _serves(self, gives: list, wants: list[Role], drains: list[bool], go: list[bool]) -> bool:
         """While the moved engines drain, some engine left must still prefill and one decode."""
         left = self._left(gives, wants, drains, go)
-        return any(r.prefills for r in left) and any(r.decodes for r in left)
+        return any(r.prefills for _, r in left) and any(r.decodes for _, r in left)
 
-    def _left(self, gives: list, wants: list[Role], drains: list[bool], go: list[bool]) -> list[Role]:
-        """The roles serving while a move's engines drain: ready engines it does not move, and the
-        moved engines that take their new role at once (no drain)."""
+    def _left(self, gives: list, wants: list[Role], drains: list[bool], go: list[bool]) -> list[tuple[int, Role]]:
+        """The (size, role) of each engine serving while a move's engines drain: ready engines it
+        does not move, and the moved engines that take their new role at once (no drain)."""
         moving = {e for (_, e, _), g in zip(gives, go) if g}
-        left = [s.role for e, s in self.engines.items() if s.state is EngineState.ready and e not in moving]
-        return left + [new for new, dr, g in zip(wants, drains, go) if g and not dr]
+        left = [(self._size(e), s.role) for e, s in self.engines.items()
+                if s.state is EngineState.ready and e not in moving]
+        return left + [(self._size(e), new) for (_, e, _), new, dr, g in zip(gives, wants, drains, go) if g and not dr]
+
+    def _capacity(self, engine: str) -> Capacity:
+        return self.capacities[self.sizes[engine]] if self.sizes is not None else self.capacity
 
     def drained(self, engine_id: str, now: float) -> Role:
         """The engine holds nothing any more: it starts serving its new role."""

@@ -51,7 +51,7 @@ from benchmarks.sim.workload import Episode, Workload
 from scheduler.allocator import Allocator, AllocatorConfig, Capacity, Layout
 from scheduler.forecast import Demand, ForecastError, Forecaster
 from scheduler.lifecycle import Lifecycle, Phase
-from scheduler.roles import EngineState
+from scheduler.roles import EngineRole, EngineState
 from scheduler.router import NoEngine, RoleAware
 
 
@@ -121,6 +121,8 @@ class Warm:
     capacity: Capacity
     forecaster: Forecaster
     layout: Layout | None = None  # the roles the engines ended in: they keep them into the next phase
+    capacities: dict | None = None  # engines of several sizes: each size's fit (by GPUs an engine)
+    roles: dict | None = None  # ... and each engine's role (a layout cannot say which size holds which)
 
 
 @dataclass(slots=True)
@@ -163,16 +165,20 @@ class Cluster:
     def __init__(self, workload: Workload, gpus: int, policy: Policy, mode: str = "sync", seed: int = 0,
                  cost: ClusterCost | None = None, control_s: float = 5.0, horizon_s: float = 15.0,
                  config: AllocatorConfig | None = None, kv_push: bool = True, warm: "Warm | None" = None,
-                 prefill_cost: ClusterCost | None = None, in_flight: int | None = None):
+                 prefill_cost: ClusterCost | None = None, in_flight: int | None = None, prefill_engines: int = 0):
         """`prefill_cost`: a static split's prefill engines as their own kind of engine (per-role
         parallelism: e.g. the 32B at TP4 prefilling for decode engines at TP2; `cost` is then the
-        decode engines'). `in_flight`: trajectories in flight in all (default: the workload's per
-        engine times the engines), so that layouts of different engine counts on the same GPUs
-        carry the same load."""
+        decode engines'). Guided, the first `prefill_engines` engines are of that kind and start
+        prefilling, the rest decoding (a per-role launch), and the allocator moves roles within
+        each size (`Allocator(sizes=...)`), measuring each size's speed on its own. `in_flight`:
+        trajectories in flight in all (default: the workload's per engine times the engines), so
+        that layouts of different engine counts on the same GPUs carry the same load."""
         if mode not in ("sync", "async"):
             raise ValueError(f"mode must be sync or async, not {mode!r}")
-        if prefill_cost is not None and not policy.prefill:
-            raise ValueError("prefill_cost is for a static split's prefill engines: the policy has none")
+        if prefill_cost is not None and not (policy.prefill or (policy.prefill is None and prefill_engines)):
+            raise ValueError("prefill_cost is for a split's prefill engines: the policy has none")
+        if prefill_engines and (prefill_cost is None or policy.prefill is not None or not 0 < prefill_engines < gpus):
+            raise ValueError("prefill_engines: a guided run's prefill engines of `prefill_cost`, fewer than the engines")
         self.workload, self.policy, self.mode, self.seed = workload, policy, mode, seed
         self.cost = cost or PRESETS[DEFAULT]()
         self.control_s = control_s
@@ -194,18 +200,43 @@ class Cluster:
                                            routing_only=c.routing_switch,
                                            min_samples=0 if policy.true_cost else 2 * self.capacity.refit_every,
                                            min_observed=0.5)
-        measure = self._measure if self.guided and not policy.true_cost else None
         self._measured = 0
         # engine ids sort in order, and the allocator gives the first `policy.prefill` the prefill role
-        self.gpus = {f"g{i:03d}": SimGPU(f"g{i:03d}", prefill_cost if prefill_cost and i < (policy.prefill or 0) else c,
-                                         self.loop, self._prefilled, self._decoded, measure) for i in range(gpus)}
+        p = policy.prefill or prefill_engines
+        costs = {f"g{i:03d}": prefill_cost if prefill_cost and i < p else c for i in range(gpus)}
+        # engines of two sizes (guided over a per-role launch): each size's speed is measured on its own
+        self.capacities: dict[int, Capacity] = {}
+        if prefill_engines:
+            if prefill_cost.gpus == c.gpus:
+                raise ValueError("prefill_engines: the prefill engines' size must differ from the rest's")
+            for k, kc in {c.gpus: c, prefill_cost.gpus: prefill_cost}.items():
+                self.capacities[k] = copy.deepcopy(warm.capacities[k]) if warm is not None and warm.capacities else \
+                    Capacity(step=kc.prior(), kv_tokens=kc.kv_capacity_tokens, chunk_tokens=kc.step_tokens,
+                             rank_tokens=kc.prefill_chunk_tokens) if policy.true_cost else \
+                    Capacity(kv_tokens=kc.kv_capacity_tokens, chunk_tokens=kc.step_tokens,
+                             rank_tokens=kc.prefill_chunk_tokens)
+        measuring = self.guided and not policy.true_cost
+
+        def measure(cost: ClusterCost):
+            if not measuring or not self.capacities:
+                return self._measure if measuring else None
+            cap = self.capacities[cost.gpus]
+            return lambda *step: self._measure(*step, capacity=cap)
+
+        self.gpus = {e: SimGPU(e, costs[e], self.loop, self._prefilled, self._decoded, measure(costs[e]))
+                     for e in costs}
         self._load = {e: g.load for e, g in self.gpus.items()}  # what a routing decision reads (`_Loads`)
-        p = policy.prefill or 0
         layout = Layout(p, gpus - p, 0) if p else Layout(0, 0, gpus)
-        if warm is not None and self.guided and warm.layout is not None and not policy.hold:
+        if warm is not None and self.guided and warm.layout is not None and not policy.hold and warm.roles is None:
             layout = warm.layout  # an engine keeps its role between batches, as live engines do
         # the engines were up before the run: their starting roles are not a recent move (dwell)
-        self.allocator = Allocator(self.gpus, self.capacity, config, layout, now=-config.dwell_s)
+        sizes = {e: k.gpus for e, k in costs.items()} if self.capacities else None
+        self.allocator = Allocator(self.gpus, self.capacity, config, layout, now=-config.dwell_s, sizes=sizes,
+                                   capacities=self.capacities or None)
+        if warm is not None and self.guided and warm.roles is not None and not policy.hold:
+            for e, role in warm.roles.items():  # each engine back in the role it ended in
+                self.allocator.engines[e] = EngineRole(e)
+                self.allocator.engines[e].ready(-config.dwell_s, role)
         self.forecaster = Forecaster(horizon_s)
         if warm is not None and self.guided:
             self.forecaster = copy.deepcopy(warm.forecaster)
@@ -225,7 +256,8 @@ class Cluster:
     # --- running ------------------------------------------------------------------------
     def warm(self) -> "Warm":
         """What this run learned, to start another from (after `run`)."""
-        return Warm(self.capacity, self.forecaster, self.allocator.layout())
+        roles = {e: s.role for e, s in self.allocator.engines.items()} if self.capacities else None
+        return Warm(self.capacity, self.forecaster, self.allocator.layout(), self.capacities or None, roles)
 
     def run(self) -> Result:
         if self.mode == "sync":
@@ -412,11 +444,13 @@ class Cluster:
             self.loop.stop()
 
     # --- the control loop (guided only) ---------------------------------------------------
-    def _measure(self, batch: int, context: float, chunk: float, seconds: float, prefix: float) -> None:
-        """An engine step's timing, as the live service reads it from vLLM: into `Capacity`."""
+    def _measure(self, batch: int, context: float, chunk: float, seconds: float, prefix: float,
+                 capacity: Capacity | None = None) -> None:
+        """An engine step's timing, as the live service reads it from vLLM: into `Capacity` (its
+        size's, where the engines are of several sizes)."""
         self._measured += 1
         if self._measured % 8 == 0:  # a sample of steps is plenty for a 7-parameter fit
-            self.capacity.observe_step(batch, context, chunk, seconds, prefix)
+            (capacity or self.capacity).observe_step(batch, context, chunk, seconds, prefix)
 
     def _control(self, _=None) -> None:
         now = self.loop.now

@@ -122,6 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="how a layout is priced: the time its prefill and decode sides need (default), or the "
                          "turn rate its closed loop of trajectories sustains (closer to the simulator on dense "
                          "models, not a better guide there: benchmarks/sim/README.md)")
+    sp.add_argument("--move-sizes", action="store_true",
+                    help="engines of several sizes (a per-role launch): move each between prefill and decode within "
+                         "its size (default: they keep their roles as launched; simulated, moving pays on a launch "
+                         "that does not fit the workload and can lose on one that nearly does: "
+                         "benchmarks/pd_two_sizes.py)")
     sp.set_defaults(fn=cmd_allocator)
 
     sp = sub.add_parser("launch-plan", help="rank engine launches (each role's size and count) for the next phase",

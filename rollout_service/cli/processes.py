@@ -81,7 +81,7 @@ def cmd_allocator(args) -> None:
     async def main() -> None:
         r = connect(s.redis_url)
         config = AllocatorConfig(dwell_s=args.dwell_s, estimate=args.estimate)
-        ctl = PDController(Registry(r, Keys(s.key_prefix)), config=config,
+        ctl = PDController(Registry(r, Keys(s.key_prefix)), config=config, move_sizes=args.move_sizes,
                            measure=True)  # speed measured from the turns workers report, not a prior
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -327,3 +327,33 @@ def test_layouts_of_different_engine_counts_carry_the_same_trajectories():
     assert colo.trajectories == mixed.trajectories == 8 and colo.turns == mixed.turns
     with pytest.raises(ValueError, match="prefill_cost"):
         Cluster(wl, 2, Policy.colocated(), "async", cost=tp2, prefill_cost=tp1)
+
+
+def test_guided_over_a_per_role_launch_measures_each_size_and_moves_roles_within_sizes():
+    """Six prefill engines of TP1 for one decode engine of TP2 (the 32B) in `math`, a decode-heavy
+    workload: guided turns prefill engines to decode; every engine keeps its cost; each size's step
+    model is fitted to its own engines' steps, and the next phase starts from both and the roles."""
+    from benchmarks.sim.shape import QWEN25_32B
+
+    tp1, tp2 = ClusterCost.dense(QWEN25_32B, 1), ClusterCost.dense(QWEN25_32B, 2)
+    wl = small("math", per_gpu=64, rounds=3)
+    c = Cluster(wl, 7, Policy.guided(), "async", cost=tp2, prefill_cost=tp1, prefill_engines=6, in_flight=512)
+    assert c.allocator.sized() == ((1, Layout(6, 0, 0)), (2, Layout(0, 1, 0)))
+    costs = {e: g.cost for e, g in c.gpus.items()}
+    r = c.run()
+    assert r.trajectories == 3 * 512 and r.moves > 0
+    assert {e: g.cost for e, g in c.gpus.items()} == costs and c.allocator.sizes == {
+        **{f"g{i:03d}": 1 for i in range(6)}, "g006": 2}
+    # prefill engines of TP1 decoded for a while (the TP2 engine decoding beside them), never mixed
+    assert any(d > 1 for _, _, d, _ in r.layouts) and all(m == 0 for _, _, _, m in r.layouts)
+    assert c.capacities[1].samples > 0 and c.capacities[2].samples > 0 and c.capacity.samples == 0
+    assert c.capacities[1].step_s(32, 32_000) > c.capacities[2].step_s(32, 32_000)  # TP1 measured slower
+    lay = c.allocator.sized()
+    w = c.warm()
+    nxt = Cluster(wl, 7, Policy.guided(), "async", seed=1, cost=tp2, prefill_cost=tp1, prefill_engines=6,
+                  in_flight=256, warm=w)
+    assert nxt.allocator.sized() == lay and nxt.capacities[1].step == c.capacities[1].step
+    with pytest.raises(ValueError, match="prefill_engines"):
+        Cluster(wl, 7, Policy.guided(), "async", cost=tp2, prefill_cost=tp2, prefill_engines=6)  # one size
+    with pytest.raises(ValueError, match="prefill_engines"):
+        Cluster(wl, 7, Policy.static(6), "async", cost=tp2, prefill_cost=tp1, prefill_engines=6)

@@ -415,3 +415,63 @@ def test_the_closed_loop_estimate_prices_interference_and_a_saturated_prefill_en
     colo, split, lone = (a.estimate(lay, d) for lay in (Layout(0, 0, 8), Layout(2, 6, 0), Layout(1, 7, 0)))
     assert split < 0.85 * colo and colo < lone
     assert lone == pytest.approx(d.prefill_tokens / a.capacity.prefill_rate(d.turn_prefix), rel=0.02)
+
+
+# --- engines of two sizes (a per-role launch) --------------------------------------------------
+SMALL = ["e0", "e1", "e2", "e3"]  # four engines of 1 GPU, launched to prefill (ids in order: prefill first)
+SIZES = {**{e: 1 for e in SMALL}, "e4": 4}  # ... for one decode engine of 4
+
+
+def sized_dense(scale: float) -> Capacity:
+    """A dense engine whose every step cost is `scale` times a base one's (a smaller TP: slower)."""
+    return Capacity(step=[0.007 * scale, 3e-5 * scale, 1.6e-8 * scale, 3e-5 * scale, 0.004 * scale],
+                    kv_tokens=240_000 if scale > 1 else 1.7e6)
+
+
+def two_sizes(config: AllocatorConfig | None = None, slow: Capacity | None = None, fast: Capacity | None = None):
+    slow, fast = slow or sized_dense(2.5), fast or sized_dense(1.0)
+    return Allocator(SIZES, fast, config, Layout(4, 1, 0), sizes=SIZES, capacities={1: slow, 4: fast})
+
+
+def test_engines_of_two_sizes_alike_in_speed_are_priced_as_one_size():
+    same = sized_dense(1.0)
+    a = two_sizes(slow=same, fast=same)
+    uniform = Allocator(SIZES, same)
+    for small, big in ((Layout(4, 0, 0), Layout(0, 1, 0)), (Layout(2, 2, 0), Layout(0, 1, 0)),
+                       (Layout(0, 4, 0), Layout(1, 0, 0)), (Layout(1, 1, 2), Layout(0, 0, 1))):
+        total = Layout(*(x + y for x, y in zip((small.prefill, small.decode, small.mixed),
+                                               (big.prefill, big.decode, big.mixed))))
+        for d in (PREFILL_HEAVY, DECODE_ONLY):
+            assert a.estimate(((1, small), (4, big)), d) == pytest.approx(uniform.estimate(total, d))
+
+
+def test_the_slowest_size_in_a_role_sets_its_pace():
+    """The router gives each engine of a role an even share, whatever its size: four slow decode
+    engines beside a fast one decode as five slow ones would; prefill engines of one size priced at
+    it, as a launch is scored (`scheduler.launch`)."""
+    slow, fast = sized_dense(2.5), sized_dense(1.0)
+    a = two_sizes(slow=slow, fast=fast)
+    five_slow = Allocator([f"e{i}" for i in range(5)], slow).estimate(Layout(0, 5, 0), DECODE_ONLY)
+    assert a.estimate(((1, Layout(0, 4, 0)), (4, Layout(0, 1, 0))), DECODE_ONLY) == pytest.approx(five_slow)
+    assert five_slow > Allocator([f"e{i}" for i in range(5)], fast).estimate(Layout(0, 5, 0), DECODE_ONLY)
+    launch = Allocator(SIZES, fast, prefill_capacity=slow).estimate(Layout(4, 1, 0), PREFILL_HEAVY)
+    assert a.estimate(((1, Layout(4, 0, 0)), (4, Layout(0, 1, 0))), PREFILL_HEAVY) == pytest.approx(launch)
+
+
+def test_engines_of_two_sizes_move_between_prefill_and_decode_within_their_size():
+    a = two_sizes(AllocatorConfig(confirm=1, dwell_s=0, routing_only=True), slow=sized_dense(1.2))
+    assert a.sized() == ((1, Layout(4, 0, 0)), (4, Layout(0, 1, 0)))
+    assert all(not x.mixed for lay in a.targets() for _, x in lay)  # no mixed engine beside another size
+    assert len(a.targets()) == 5 * 2  # p of 0..4 small engines prefilling, the big one prefilling or not
+    # a large decode batch: more engines decoding beat one fast one, even at the slow ones' pace
+    many = Demand(horizon_s=15, prefill_tokens=0, decode_tokens=51_200, decode_seqs=512, mean_context=1000, live=512)
+    assert a.estimate(((1, Layout(0, 4, 0)), (4, Layout(0, 1, 0))), many) < a.estimate(a.sized(), many) / 2
+    small = a.estimate(((1, Layout(0, 4, 0)), (4, Layout(0, 1, 0))), DECODE_ONLY) / a.estimate(a.sized(), DECODE_ONLY)
+    assert 0.9 < small < 1.0  # a small batch: the slow engines' pace takes back most of what they add...
+    assert a.allocate(DECODE_ONLY, {e: 0.0 for e in SIZES}, now=10.0) == []  # ... under `min_gain`: no move
+    moves = a.allocate(many, {e: 0.0 for e in SIZES}, now=10.0)
+    assert moves and all(m.engine in SMALL and m.new is Role.decode for m in moves)  # the big one decodes already
+    assert a.sized() == ((1, Layout(4 - len(moves), len(moves), 0)), (4, Layout(0, 1, 0)))
+    assert a.sizes == SIZES
+    with pytest.raises(ValueError, match="no size"):
+        Allocator([*SIZES, "x"], sized_dense(1.0), sizes=SIZES, capacities={1: sized_dense(2.5)})

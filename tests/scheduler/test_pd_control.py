@@ -192,11 +192,13 @@ def test_rollout_allocator_names_the_estimate(capsys):
     with pytest.raises(SystemExit) as e:
         parser.parse_args(["allocator", "--estimate", "guess"])
     assert e.value.code == 2 and "closed_loop" in capsys.readouterr().err
+    assert parser.parse_args(["allocator"]).move_sizes is False
+    assert parser.parse_args(["allocator", "--move-sizes"]).move_sizes is True
 
 
 async def test_the_controller_keeps_what_launch_planning_reads(redis, keys):
-    """Each decision's demand while there is work, and the measured step model under the engines'
-    one size and model; engines of two sizes get none (a fit over both belongs to neither)."""
+    """Each decision's demand while there is work, and the measured step model under each size
+    (engines of two sizes: each size fitted to its own engines' turns, neither to the other's)."""
     reg = Registry(redis, keys)
     for eid in ("e0", "e1"):
         await reg.add_engine(EngineInfo(id=eid, url=f"http://127.0.0.1:9/{eid}", model="m", gpus=4, can_serve=ALL))
@@ -219,7 +221,9 @@ async def test_the_controller_keeps_what_launch_planning_reads(redis, keys):
     for _ in range(64):
         await reg.report_timing(TurnTiming("e2", 1000, 3000, 33, 0.1, 0.3, 4, True))
     await ctl.step()
-    assert list(await reg.profiles("m")) == [4] and (await reg.profiles("m"))[4].samples == 64  # kept as it was
+    saved = await reg.profiles("m")
+    assert sorted(saved) == [1, 4] and saved[4].samples == 64 and saved[4].step == ctl.capacity.step  # kept as it was
+    assert saved[1].samples == 64 and saved[1].step_s(4, 3016) < saved[4].step_s(4, 3016) / 3  # e2's own, ~4x faster
 
 
 async def test_the_phase_record_is_capped(redis, keys):
@@ -258,24 +262,46 @@ async def test_engines_launched_at_another_size_are_measured_afresh(redis, keys)
     assert ctl.capacity.samples == 64 and ctl.capacity.step == at4 and ctl.allocator.capacity is ctl.capacity
 
 
-async def test_a_launch_of_two_sizes_keeps_its_roles(redis, keys):
-    """Prefill engines of 1 GPU for decode engines of 4 (a per-role launch): the allocator, which
-    prices every engine alike, moves none of them; the demand is still recorded for the next plan."""
-    reg = Registry(redis, keys)
+async def _two_sizes(reg: Registry) -> dict[str, int]:
     for i in range(4):
         await reg.add_engine(EngineInfo(id=f"p{i}", url=f"http://127.0.0.1:9/p{i}", gpus=1, role="prefill",
                                         can_serve=ALL))
     await reg.add_engine(EngineInfo(id="d0", url="http://127.0.0.1:9/d0", gpus=4, role="decode", can_serve=ALL))
-    ctl = PDController(reg, additive(), AllocatorConfig(dwell_s=0, confirm=1), clock=lambda: 100.0)
     decode_only = {"forecast:decode_tokens": 64_000, "forecast:decode_seqs": 64, "forecast:context_tokens": 64_000,
-                   "forecast:live": 64}  # would turn the prefill engines to mixed or decode if they were alike
+                   "forecast:live": 64}  # turns prefill engines to decode where they may move
     await reg.report_phases("w1", decode_only)
+    return decode_only
+
+
+async def test_a_launch_of_two_sizes_keeps_its_roles_by_default(redis, keys):
+    """Prefill engines of 1 GPU for a decode engine of 4 (a per-role launch): without `move_sizes` no
+    engine moves; the demand is still recorded for the next plan."""
+    reg = Registry(redis, keys)
+    await _two_sizes(reg)
+    ctl = PDController(reg, additive(), AllocatorConfig(dwell_s=0, confirm=1), clock=lambda: 100.0)
     for _ in range(3):
         assert await ctl.step() == []
     assert {e.id: (e.role, e.state) for e in await reg.engines()} == {
         **{f"p{i}": ("prefill", "ready") for i in range(4)}, "d0": ("decode", "ready")}
     assert len(await reg.phase()) == 3
-    for i in range(4):  # relaunched alike: allocated again
+
+
+async def test_a_launch_of_two_sizes_moves_roles_within_each_size_when_asked(redis, keys):
+    """`move_sizes`: a decode-only demand turns prefill engines to decode, never to mixed; each keeps
+    its size, the allocator knows every engine's, and the demand is still recorded."""
+    reg = Registry(redis, keys)
+    await _two_sizes(reg)
+    ctl = PDController(reg, additive(), AllocatorConfig(dwell_s=0, confirm=1), clock=lambda: 100.0, move_sizes=True)
+    moves = await ctl.step()
+    assert moves and all(m.engine.startswith("p") and (m.old.value, m.new.value) == ("prefill", "decode")
+                         for m in moves)
+    assert ctl.allocator.sizes == {**{f"p{i}": 1 for i in range(4)}, "d0": 4}
+    engines = {e.id: e for e in await reg.engines()}
+    assert all((engines[m.engine].role, engines[m.engine].state) == ("decode", "ready") for m in moves)  # routing only
+    assert {e.role for e in engines.values()} <= {"prefill", "decode"} and engines["d0"].gpus == 4
+    assert len(await reg.phase()) == 1
+    for i in range(4):  # relaunched alike: allocated as one size again
         await reg.add_engine(EngineInfo(id=f"p{i}", url=f"http://127.0.0.1:9/p{i}", gpus=4, role="prefill",
                                         can_serve=ALL))
-    assert await ctl.step()
+    await ctl.step()
+    assert ctl.allocator.sizes is None and not ctl.capacities
