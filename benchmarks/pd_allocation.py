@@ -121,6 +121,14 @@ def run_seed(workload: str, mode: str, engines: int, seed: int, cost: ClusterCos
     }
 
 
+def save(out: str, payload: dict, table: str = "", lines: list[str] | None = None) -> None:
+    """A benchmark's JSON at `out`, and its printed lines at `table` when one is named."""
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(payload, indent=1))
+    if table:
+        Path(table).write_text("\n".join(lines or []) + "\n")
+
+
 def spread(xs: list[float]) -> dict:
     xs = [x for x in xs if x is not None and not math.isnan(x)]
     if not xs:

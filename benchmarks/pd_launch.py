@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
-from benchmarks.pd_allocation import code_version, engine_workload, spread  # noqa: E402
+from benchmarks.pd_allocation import code_version, engine_workload, save, spread  # noqa: E402
 from benchmarks.pd_role_tp import FAMILIES, launch_of  # noqa: E402
 from benchmarks.sim.cluster import Cluster, Policy  # noqa: E402
 from benchmarks.sim.cost import ClusterCost  # noqa: E402
@@ -174,10 +174,7 @@ def main() -> None:
     if not cells:
         ap.error("no cell of the table matches")
     report(cells, time.time() - t0, say)
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps({"args": vars(a), "wall_s": time.time() - t0, "cells": cells}, indent=1))
-    if a.table:
-        Path(a.table).write_text("\n".join(lines) + "\n")
+    save(a.out, {"args": vars(a), "wall_s": time.time() - t0, "cells": cells}, a.table, lines)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
-from benchmarks.pd_allocation import code_version, engine_workload, phase_before, spread  # noqa: E402
+from benchmarks.pd_allocation import code_version, engine_workload, phase_before, save, spread  # noqa: E402
 from benchmarks.sim.cluster import Cluster, Policy  # noqa: E402
 from benchmarks.sim.cost import ClusterCost  # noqa: E402
 from benchmarks.sim.shape import MODELS  # noqa: E402
@@ -182,10 +182,7 @@ def main() -> None:
                     say(cell_line(cells[-1]))
         report(cells, time.time() - t0, say)
         out = {"args": vars(a), "wall_s": time.time() - t0, "cells": cells}
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(out, indent=1))
-    if a.table:
-        Path(a.table).write_text("\n".join(lines) + "\n")
+    save(a.out, out, a.table, lines)
 
 
 def report(cells: list[dict], wall: float, say) -> None:

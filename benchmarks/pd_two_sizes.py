@@ -22,7 +22,6 @@ best ones: median, range, and the share within 2% or better; writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -30,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
-from benchmarks.pd_allocation import code_version, engine_workload, spread  # noqa: E402
+from benchmarks.pd_allocation import code_version, engine_workload, save, spread  # noqa: E402
 from benchmarks.pd_role_tp import FAMILIES, launch_name  # noqa: E402
 from benchmarks.sim.cluster import Cluster, Policy, Warm  # noqa: E402
 from benchmarks.sim.workload import WORKLOADS  # noqa: E402
@@ -130,10 +129,7 @@ def main() -> None:
                 for line in cell_lines(cells[-1]):
                     say(line)
     report(cells, time.time() - t0, say)
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps({"args": vars(a), "wall_s": time.time() - t0, "cells": cells}, indent=1))
-    if a.table:
-        Path(a.table).write_text("\n".join(lines) + "\n")
+    save(a.out, {"args": vars(a), "wall_s": time.time() - t0, "cells": cells}, a.table, lines)
 
 
 if __name__ == "__main__":

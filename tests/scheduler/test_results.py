@@ -175,7 +175,6 @@ async def test_results_of_one_moment_are_packed_together_and_one_that_cannot_be_
 
     import scheduler.queue as queue_mod
     from scheduler.results import FAST_LEVEL, LARGE, LARGE_LEVEL, compress
-    from wire.packed import pack_trajectory
 
     q, store = Queue(redis, keys), Store(redis, keys)
     b = await q.enqueue(request_(n_tasks=2, group=2))
