@@ -95,8 +95,8 @@ class PDController:
     async def step(self) -> list[Move]:
         now = self.clock()
         engines = await self.registry.engines()
+        await self._follow_sizes(engines)  # (first: back at one size, `_follow_launch` reloads its step model now)
         await self._follow_launch(engines)
-        await self._follow_sizes(engines)
         if self.measure:
             timings = await self.registry.take_timings()
             if self.capacities:  # each size learns from its own engines' turns

@@ -224,6 +224,11 @@ async def test_the_controller_keeps_what_launch_planning_reads(redis, keys):
     saved = await reg.profiles("m")
     assert sorted(saved) == [1, 4] and saved[4].samples == 64 and saved[4].step == ctl.capacity.step  # kept as it was
     assert saved[1].samples == 64 and saved[1].step_s(4, 3016) < saved[4].step_s(4, 3016) / 3  # e2's own, ~4x faster
+    for eid in ("e0", "e1"):  # relaunched at 1 GPU like e2: one size again, its saved fit taken at once
+        await reg.add_engine(EngineInfo(id=eid, url=f"http://127.0.0.1:9/{eid}", model="m", gpus=1, can_serve=ALL))
+    await ctl.step()
+    assert not ctl.capacities and ctl._launch == ("m", 1) and ctl.capacity.step == saved[1].step
+    assert ctl.allocator.capacity is ctl.capacity
 
 
 async def test_the_phase_record_is_capped(redis, keys):
