@@ -109,13 +109,18 @@ class RoleAware:
         if prefilled_on in roles and roles[prefilled_on].decodes and not self._crowded(prefilled_on, loads, roles):
             return prefilled_on
         eid = self._decode.get(trajectory_id)
-        if eid is not None and eid in loads and roles.get(eid) is Role.decode:
+        sticky = eid is not None and eid in loads and roles.get(eid) is Role.decode
+        if sticky and (not self.rebalance or loads[eid] <= self.slack):
             return eid
         able = [e for e in loads if roles.get(e) is Role.decode]
         if not able:
             able = [e for e in loads if roles.get(e) in _DECODES]
         if not able:
             raise NoEngine("no engine takes decode")
+        # the rule that makes prefill stickiness yield: conversations that met a moment with one decode
+        # engine (the rest draining toward prefill) would otherwise stay on it for their whole life
+        if sticky and not self._far_busier(loads[eid], min(map(loads.__getitem__, able))):
+            return eid
         return self._stick(self._decode, trajectory_id, able, loads)
 
     def _crowded(self, eid: str, loads: Mapping[str, int], roles: Mapping[str, Role]) -> bool:
