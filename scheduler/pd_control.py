@@ -24,8 +24,8 @@ eight) are measured size by size, each from the profile saved for it if any. The
 they were launched with unless `move_sizes` (`rollout allocator --move-sizes`): then the allocator
 moves each engine between prefill and decode within its size (`Allocator(sizes=...)`). Off by
 default: simulated over every per-role launch of the 32B on 8 GPUs (`benchmarks/pd_two_sizes.py`),
-moving left the best launch of each workload as it was; over all 180 launch-cells it ran 1.12x
-faster in geometric mean, but 0.51-0.98x in 29 of them (its estimate misjudges slow engines decoding).
+moving left the best launch of each workload as it was; over all 180 launch-cells it ran 1.15x
+faster in geometric mean, but 0.75-0.98x in 17 of them (its estimate misjudges slow engines decoding).
 """
 
 from __future__ import annotations
