@@ -125,6 +125,14 @@ class Warm:
     roles: dict | None = None  # ... and each engine's role (a layout cannot say which size holds which)
 
 
+def _first_capacity(cost: ClusterCost, true_cost: bool) -> Capacity:
+    """What a guided run starts from for engines of `cost`: the cost model's own step times
+    (`true_cost`), else a vague prior (Capacity's defaults); memory and step budgets are configuration."""
+    step = {"step": cost.prior()} if true_cost else {}
+    return Capacity(**step, kv_tokens=cost.kv_capacity_tokens, chunk_tokens=cost.step_tokens,
+                    rank_tokens=cost.prefill_chunk_tokens)
+
+
 @dataclass(slots=True)
 class _Traj:
     ep: Episode
@@ -189,12 +197,8 @@ class Cluster:
         c = self.cost
         if warm is not None and self.guided and not policy.true_cost:
             self.capacity = copy.deepcopy(warm.capacity)  # what an earlier phase measured
-        elif policy.true_cost:
-            self.capacity = Capacity(step=c.prior(), kv_tokens=c.kv_capacity_tokens, chunk_tokens=c.step_tokens,
-                                     rank_tokens=c.prefill_chunk_tokens)
-        else:  # a vague prior (Capacity's defaults); the engine's memory and step budgets are configuration
-            self.capacity = Capacity(kv_tokens=c.kv_capacity_tokens, chunk_tokens=c.step_tokens,
-                                     rank_tokens=c.prefill_chunk_tokens)
+        else:
+            self.capacity = _first_capacity(c, policy.true_cost)
         # a measured capacity acts only after two refits of its step model (not on its vague prior)
         config = config or AllocatorConfig(switch_s=c.switch_s, response_kv_pushed=kv_push,
                                            routing_only=c.routing_switch,
@@ -211,10 +215,7 @@ class Cluster:
                 raise ValueError("prefill_engines: the prefill engines' size must differ from the rest's")
             for k, kc in {c.gpus: c, prefill_cost.gpus: prefill_cost}.items():
                 self.capacities[k] = copy.deepcopy(warm.capacities[k]) if warm is not None and warm.capacities else \
-                    Capacity(step=kc.prior(), kv_tokens=kc.kv_capacity_tokens, chunk_tokens=kc.step_tokens,
-                             rank_tokens=kc.prefill_chunk_tokens) if policy.true_cost else \
-                    Capacity(kv_tokens=kc.kv_capacity_tokens, chunk_tokens=kc.step_tokens,
-                             rank_tokens=kc.prefill_chunk_tokens)
+                    _first_capacity(kc, policy.true_cost)
         measuring = self.guided and not policy.true_cost
 
         def measure(cost: ClusterCost):
