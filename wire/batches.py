@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from wire.base import ENV_NAME_MAX, ENV_NAME_PATTERN, MAX_GROUP_SIZE, MAX_TOKENS_PER_TURN, MAX_TURNS, Input, Int, Message, Seed, Wire
+from wire.base import ENV_NAME_MAX, ENV_NAME_PATTERN, MAX_GROUP_SIZE, MAX_TOKENS_PER_TURN, MAX_TURNS, Input, Int, JsonObject, Message, Seed, Wire
 
 
 class TrajectoryState(str, Enum):
@@ -90,7 +90,7 @@ class SamplingParams(Input):
 class RolloutRequest(Input):
     """A batch: every task is rolled out `group_size` times (one GRPO group per task)."""
 
-    tasks: list[dict[str, Any]] = Field(min_length=1)
+    tasks: list[JsonObject] = Field(min_length=1)
     env: str = Field(min_length=1, max_length=ENV_NAME_MAX, pattern=ENV_NAME_PATTERN,
                      description="A built-in environment (`math`) or FAMILY:NAME for a third-party one "
                                  "(`reasoning_gym:leg_counting`, `gymnasium:ID`, `openenv:URL`, ...).")

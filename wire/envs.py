@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import Field
 
-from wire.base import ENV_NAME_MAX, ENV_NAME_PATTERN, Input, Int, Message, Wire
+from wire.base import ENV_NAME_MAX, ENV_NAME_PATTERN, Input, Int, JsonObject, Message, Wire
 
 
 class WorkerInfo(Input):
@@ -18,7 +18,7 @@ class WorkerInfo(Input):
 
 class EnvOpen(Input):
     env: str = Field(min_length=1, max_length=ENV_NAME_MAX, pattern=ENV_NAME_PATTERN)
-    task: dict[str, Any]
+    task: JsonObject
     seed: Int | None = None
     trajectory_id: str | None = Field(None, min_length=1, max_length=200,
                                       description="The trajectory this episode belongs to: it owns the episode's "

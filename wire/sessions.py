@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from wire.base import MAX_GROUP_SIZE, Input, Int, Message, Seed, ToolCall, TurnTokens, Wire, integral
+from wire.base import MAX_GROUP_SIZE, Input, Int, JsonObject, Message, Seed, ToolCall, TurnTokens, Wire, integral
 
 MAX_CHOICES = 16  # n: samples per call (a GRPO group from one call)
 
@@ -83,7 +83,7 @@ class FunctionDef(BaseModel):
 
     name: str = Field(min_length=1, max_length=200)
     description: str | None = Field(None, max_length=100_000)
-    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    parameters: JsonObject = Field(default_factory=lambda: {"type": "object", "properties": {}})
 
 
 class ToolDef(BaseModel):
@@ -244,7 +244,7 @@ class FunctionTool(BaseModel):
     type: Literal["function"]
     name: str = Field(min_length=1, max_length=200)
     description: str | None = Field(None, max_length=100_000)
-    parameters: dict[str, Any] | None = None
+    parameters: JsonObject | None = None
 
 
 def _function_tools(v: Any) -> Any:

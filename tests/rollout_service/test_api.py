@@ -98,6 +98,24 @@ def test_bad_input_is_4xx_with_one_error_shape(gateway):
             assert set(err) == {"code", "message", "details"} and err["message"]
 
 
+def test_a_task_with_nan_or_infinity_is_a_422_naming_where(gateway):
+    """Python's JSON parser reads NaN, Infinity and 1e400, which JSON does not have: such a task
+    was queued, failed every attempt as the service's own `internal` crash, and read back with
+    null in its place. Now the request is refused, saying where, and nothing is queued."""
+    with httpx.Client(base_url=gateway.url) as c:
+        for raw, where in [(b'{"seed": NaN}', "$.seed"), (b'{"a": [1, {"b": -Infinity}]}', "$.a[1].b"),
+                           (b'{"x": 1e400}', "$.x")]:
+            body = b'{"env": "math", "tasks": [{"seed": 1}, ' + raw + b"]}"
+            r = c.post("/v1/batches", content=body, headers={"content-type": "application/json"})
+            assert r.status_code == 422, (raw, r.status_code, r.text)
+            err = r.json()["error"]
+            assert err["code"] == "invalid_request" and where in err["message"], err
+            assert err["details"][0]["loc"] == ["body", "tasks", 1]
+        fine = b'{"env": "math", "tasks": [{"x": 1.5, "y": [2e300, {"z": "NaN"}]}]}'  # large, and a string
+        assert c.post("/v1/batches", content=fine, headers={"content-type": "application/json"}).status_code == 202
+        assert len(c.get("/v1/batches").json()) == 1  # only the finite one was queued
+
+
 def test_oversized_body_is_413(gateway, settings):
     with httpx.Client(base_url=gateway.url) as c:
         big = b"x" * (settings.max_request_bytes + 1)

@@ -39,3 +39,20 @@ def test_engine_urls_pass_exactly_when_httpx_can_use_them(url):
     except pydantic.ValidationError:
         passed = False
     assert passed == ok
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_free_form_json_inputs_refuse_nan_and_infinity_and_say_where(bad):
+    """A task, an env episode's task and a tool's parameter schema are free-form JSON: any shape,
+    but only numbers JSON has (Python's parser reads NaN and Infinity; nothing downstream can send them)."""
+    from wire import EnvOpen, RolloutRequest
+    from wire.sessions import FunctionDef, FunctionTool
+
+    made = [lambda v: RolloutRequest(tasks=[{"ok": 1.5}, v], env="math"),
+            lambda v: EnvOpen(env="math", task=v),
+            lambda v: FunctionDef(name="f", parameters=v),
+            lambda v: FunctionTool(type="function", name="f", parameters=v)]
+    for make in made:
+        with pytest.raises(pydantic.ValidationError, match=r"\$\.p\.q\[2\] is .*JSON has no NaN or Infinity"):
+            make({"p": {"q": [0.0, "x", bad]}})
+        make({"p": {"q": [0.0, "NaN", 1e308, None]}})  # strings, large numbers and null pass
