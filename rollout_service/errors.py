@@ -37,6 +37,12 @@ def _allowed_methods(app, path: str) -> list[str]:
     return sorted(methods)
 
 
+def _msg(e: dict) -> str:
+    """A validation error's message; a body that is not JSON says why (FastAPI keeps it aside)."""
+    why = (e.get("ctx") or {}).get("error") if e.get("type") == "json_invalid" else None
+    return f"{e.get('msg', '')}: {why}" if why else e.get("msg", "")
+
+
 def install(app) -> None:  # app: fastapi.FastAPI (kept untyped: this module must not need fastapi)
     from fastapi.encoders import jsonable_encoder
     from fastapi.exceptions import RequestValidationError
@@ -49,8 +55,7 @@ def install(app) -> None:  # app: fastapi.FastAPI (kept untyped: this module mus
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_req, exc: RequestValidationError):
-        details = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
-                   for e in exc.errors()]
+        details = [{"loc": list(e.get("loc", ())), "msg": _msg(e), "type": e.get("type", "")} for e in exc.errors()]
         # One problem in the message itself (clients, OpenAI's SDK and agents, show only that):
         # an unsupported feature first, which says more than the other branches of a union.
         first = next((d for d in details if d["type"] == "unsupported"), details[0] if details else

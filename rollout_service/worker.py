@@ -367,6 +367,28 @@ class Worker:
         delay = min(0.25 * 2 ** claim.restarts, 5.0)  # let a restarting engine or env worker come back
         await self._write(claim, "restart", lambda: self.queue.restart(claim, delay_s=delay))
 
+    async def _complete(self, claim: Claim, traj: Trajectory, work) -> bool | None:
+        """Record the result; one that cannot be stored (a value msgpack cannot hold, say a string
+        with a lone surrogate from an env) is recorded as failed instead, with the reason, its task
+        dropped if the task is what cannot be stored: it never vanishes to come back from the reaper
+        for ever. A Redis error propagates (`_handle` logs it; the lease lapses and is reaped)."""
+        try:
+            return await self._write(claim, "complete", lambda: self.queue.complete(claim, traj))
+        except REDIS_FAULT:
+            raise
+        except Exception as e:
+            log.exception("result could not be stored; recorded as failed",
+                          extra={"trajectory_id": claim.trajectory_id})
+            why = f"the result could not be stored: {e!r}"
+        stub = _failed_stub(claim, FailureKind.internal, why, work)
+        try:
+            return await self._write(claim, "complete", lambda: self.queue.complete(claim, stub))
+        except REDIS_FAULT:
+            raise
+        except Exception:  # the task itself: the batch's request still has it (GET .../request)
+            stub.task = {}
+            return await self._write(claim, "complete", lambda: self.queue.complete(claim, stub))
+
     async def _append_turn(self, claim: Claim, turn: Turn) -> None:
         """Record a finished turn durably; LeaseLost when another worker owns the trajectory.
         Redis away for a whole lease: the turn stays only in memory (the reaper owns it by then)."""
@@ -428,6 +450,9 @@ class Worker:
             live = self._live[claim.token] = _Live(claim, me)
             try:
                 await self._run(claim, work, live)
+            except Exception:  # never silently: its lease lapses and the reaper requeues it
+                log.exception("could not record the trajectory; its lease will lapse and it is requeued",
+                              extra={"trajectory_id": tid})
             finally:
                 del self._live[claim.token]  # heartbeated until its result is written, not only while it runs
         finally:
@@ -477,7 +502,7 @@ class Worker:
             delay = min(self.retry_backoff_s * 2 ** (claim.attempt - 1), 30.0)
             await self._write(claim, "retry", lambda: self.queue.retry(claim, delay_s=delay))
             return
-        if await self._write(claim, "complete", lambda: self.queue.complete(claim, traj)):
+        if await self._complete(claim, traj, work):
             self.finished += 1
             if log.isEnabledFor(logging.INFO):  # (the fields cost a little: a worker finishes thousands a second)
                 log.info("trajectory finished", extra={

@@ -35,19 +35,20 @@ Version = Annotated[int, Field(ge=0), BeforeValidator(integral)]
 
 
 def finite(v: Any) -> Any:
-    """Free-form JSON with every number finite. JSON has no NaN or Infinity, yet Python's parser
-    reads `NaN`, `Infinity` and `1e400` (as infinity); a task carrying one was stored, failed
-    each attempt of its episodes as the service's own fault (its env call could not be encoded),
-    and read back with null in its place. One pass over the values, ~1 µs a small task."""
+    """Free-form JSON whose numbers are all finite. JSON has no NaN or Infinity, yet Python's
+    parser reads `NaN`, `Infinity` and `1e400` (as infinity): a task carrying one was queued,
+    failed each attempt as the service's own fault (its env call could not be encoded), and read
+    back with null in its place. One pass over the values, ~1 µs a small task."""
     stack = [v]
     while stack:
         x = stack.pop()
-        if type(x) is float:
+        t = type(x)
+        if t is float:
             if not math.isfinite(x):
                 raise ValueError(f"{_where(v, x)} is {x}: JSON has no NaN or Infinity (send a string or null)")
-        elif type(x) is dict:
+        elif t is dict:
             stack.extend(x.values())
-        elif type(x) is list:
+        elif t is list:
             stack.extend(x)
     return v
 

@@ -9,6 +9,11 @@ document with the same keys, except that these arrays are msgpack `bin` values:
     Turn.output_logprobs                    float32 (`<f4`, 4 bytes per token)
     Sample.token_ids / loss_mask / logprobs int32 / uint8 / float32 (with `?samples=true`)
 
+An integer beyond 64 bits, which msgpack's own integers cannot hold (free-form values: a task's
+answer of 2**100, a 128-bit hash in an env's `info`), is extension type 1 (`BIG_INT`) whose data
+is the integer's decimal digits in ASCII, sign first: `int(data)`. The readers here give back
+the integer; another msgpack reader gives its extension value (msgpack-python: `ExtType`).
+
 Logprobs are float32 here and at rest: engines compute them in float32 (vLLM's are exact
 float32 values), so nothing an engine returned is lost; a float64 value from elsewhere is
 rounded to the nearest float32. Token ids must fit in int32 (every vocabulary does).
@@ -46,6 +51,7 @@ from wire.base import Wire
 from wire.batches import Sample, Trajectory, TrajectoryPage, Turn
 
 MEDIA_TYPE = "application/msgpack"
+BIG_INT = 1  # msgpack extension type of an integer beyond 64 bits (see above)
 # Names other msgpack clients send for the same thing.
 MEDIA_TYPES = frozenset({MEDIA_TYPE, "application/x-msgpack", "application/vnd.msgpack"})
 
@@ -152,6 +158,8 @@ def _packable(o: Any) -> Any:
     declaration order: no serializers or aliases on the wire models), a turn with its token arrays
     packed, anything else as the JSON form would have it. Encoding the models directly, rather than
     through `model_dump`, saves a worker ~14 µs of its ~22 a result (benchmarks/queue_overhead.py)."""
+    if type(o) is int:  # beyond 64 bits (msgpack asks its hook only then)
+        return msgpack.ExtType(BIG_INT, str(o).encode())
     if isinstance(o, Turn):
         return _turn_fields(o)
     if isinstance(o, BaseModel):
@@ -198,19 +206,27 @@ def pack_turn(t: Turn) -> bytes:
     return _packer().pack(t)
 
 
+def _ext(code: int, data: bytes) -> Any:
+    return int(data) if code == BIG_INT else msgpack.ExtType(code, data)
+
+
+def _unpackb(raw: bytes) -> Any:
+    return msgpack.unpackb(raw, raw=False, ext_hook=_ext)
+
+
 def unpack_turn(raw: bytes) -> Turn:
-    d = msgpack.unpackb(raw, raw=False)
+    d = _unpackb(raw)
     d.update({n: _unpack(code, d[n]) for n, code in _TURN_ARRAYS.items()})
     return Turn.model_validate(d)
 
 
 def unpack_trajectory(raw: bytes) -> PackedTrajectory:
-    return PackedTrajectory.model_validate(msgpack.unpackb(raw, raw=False))
+    return PackedTrajectory.model_validate(_unpackb(raw))
 
 
 def unpack_page(raw: bytes) -> tuple[list[PackedTrajectory], int | None]:
     """A `TrajectoryPage` in the compact form: `{"items": [...], "next_cursor": n}`."""
-    d = msgpack.unpackb(raw, raw=False)
+    d = _unpackb(raw)
     return [PackedTrajectory.model_validate(t) for t in d["items"]], d["next_cursor"]
 
 
@@ -227,9 +243,9 @@ def unpack(p: PackedTrajectory) -> Trajectory:
 
 def with_samples(raw: bytes) -> bytes:
     """A packed trajectory with its `training_samples` added (what `?samples=true` asks for)."""
-    d = msgpack.unpackb(raw, raw=False)
+    d = _unpackb(raw)
     d["training_samples"] = [s.model_dump() for s in PackedTrajectory.model_validate(d).samples()]
-    return msgpack.packb(d, use_bin_type=True)
+    return msgpack.packb(d, use_bin_type=True, default=_packable)
 
 
 def page_bytes(items: list[bytes], next_cursor: int | None) -> bytes:

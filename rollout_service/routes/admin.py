@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
 
+from rollout_service.routes.body import JsonRoute
 from rollout_service.routes.deps import admin
 from rollout_service.weights import WeightUpdater
 from wire import (
@@ -16,7 +17,7 @@ from wire import (
 )
 from wire.errors import Conflict, NotFound
 
-router = APIRouter(prefix="/v1", tags=["admin"], dependencies=[Depends(admin)],
+router = APIRouter(route_class=JsonRoute, prefix="/v1", tags=["admin"], dependencies=[Depends(admin)],
                    responses={401: {"model": ErrorResponse}, 403: {"model": ErrorResponse},
                               404: {"model": ErrorResponse}})
 

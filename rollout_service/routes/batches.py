@@ -10,6 +10,7 @@ from fastapi.responses import StreamingResponse
 from rollout_service import limits
 from rollout_service.auth import Principal
 from rollout_service.routes import formats
+from rollout_service.routes.body import JsonRoute
 from rollout_service.routes.deps import owned_batch, principal
 from scheduler.keys import batch_of
 from scheduler.queue import QuotaExceeded
@@ -28,8 +29,8 @@ from wire import (
 from wire.errors import ApiError, NotFound
 from wire.packed import MEDIA_TYPE, with_samples
 
-router = APIRouter(prefix="/v1", tags=["batches"], responses={404: {"model": ErrorResponse},
-                                                                422: {"model": ErrorResponse}})
+router = APIRouter(route_class=JsonRoute, prefix="/v1", tags=["batches"],
+                   responses={404: {"model": ErrorResponse}, 422: {"model": ErrorResponse}})
 
 
 Caller = Depends(principal)

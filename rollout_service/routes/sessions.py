@@ -14,6 +14,7 @@ from fastapi.responses import StreamingResponse
 from rollout_service.auth import Principal
 from rollout_service.engines.base import EngineError
 from rollout_service.routes.batches import SAMPLES
+from rollout_service.routes.body import JsonRoute
 from rollout_service.routes.deps import principal
 from rollout_service.sessions import Choice, Delta, Reply, SessionClosed, SessionNotFound
 from wire import (
@@ -28,7 +29,7 @@ from wire import (
 from wire.errors import ApiError, Conflict, NotFound
 
 T = TypeVar("T")
-router = APIRouter(prefix="/v1/sessions", tags=["sessions"],
+router = APIRouter(route_class=JsonRoute, prefix="/v1/sessions", tags=["sessions"],
                    responses={404: {"model": ErrorResponse}, 409: {"model": ErrorResponse}})
 Caller = Depends(principal)
 

@@ -111,9 +111,45 @@ def test_a_task_with_nan_or_infinity_is_a_422_naming_where(gateway):
             err = r.json()["error"]
             assert err["code"] == "invalid_request" and where in err["message"], err
             assert err["details"][0]["loc"] == ["body", "tasks", 1]
-        fine = b'{"env": "math", "tasks": [{"x": 1.5, "y": [2e300, {"z": "NaN"}]}]}'  # large, and a string
-        assert c.post("/v1/batches", content=fine, headers={"content-type": "application/json"}).status_code == 202
+        # large numbers, a string that reads NaN, an integer beyond 64 bits (kept exact)
+        fine = b'{"env": "math", "tasks": [{"x": 1.5, "y": [2e300, {"z": "NaN"}], "big": %d}]}' % 2**100
+        r = c.post("/v1/batches", content=fine, headers={"content-type": "application/json"})
+        assert r.status_code == 202
         assert len(c.get("/v1/batches").json()) == 1  # only the finite one was queued
+        assert c.get(f"/v1/batches/{r.json()['id']}/request").json()["tasks"][0]["big"] == 2**100
+
+
+def test_bodies_json_cannot_carry_are_422s_saying_what_and_nothing_is_queued(gateway):
+    """A lone UTF-16 surrogate (an escape JSON text allows, and no UTF-8 string holds) in a
+    metadata value made the submission a 500, in an idempotency key a dropped connection, and in
+    a task a batch that failed every attempt and then broke every read of its results. Bodies that
+    are not UTF-8, or nested deeper than the parser recurses, said only "error parsing the body"."""
+    batch = b'{"env": "math", "tasks": [{"seed": 1}]'
+    cases = [
+        (batch + b', "metadata": {"k": "\\udfff"}}', "$.metadata.k holds a lone UTF-16 surrogate"),
+        (batch + b', "idempotency_key": "a\\ud800"}', "$.idempotency_key holds a lone UTF-16 surrogate"),
+        (b'{"env": "math", "tasks": [{"q": ["x", "\\uDBFF what"]}]}', "$.tasks[0].q[1] holds a lone"),
+        (b'{"env": "math", "tasks": [{"\\ud800": 1}]}', "$.tasks[0] (a key) holds a lone"),
+        (batch + b', "metadata": {"k": "\xed\xa0\x80"}}', "not UTF-8"),  # a surrogate as raw bytes
+        (batch + b', "metadata": {"k": "\xff"}}', "not UTF-8"),
+        (b'{"env": "math", "tasks": [{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}]}", "nested too deeply"),
+    ]
+    with httpx.Client(base_url=gateway.url) as c:
+        for body, says in cases:
+            r = c.post("/v1/batches", content=body, headers={"content-type": "application/json"})
+            assert r.status_code == 422, (body[:80], r.status_code, r.text)
+            err = r.json()["error"]
+            assert err["code"] == "invalid_request" and says in err["message"], (says, err)
+        sid = c.post("/v1/sessions", json={}).json()["id"]
+        r = c.post(f"/v1/sessions/{sid}/chat/completions", content=b'{"messages": [{"role": "user", "content": '
+                   b'"\\ud83d"}]}', headers={"content-type": "application/json"})
+        assert r.status_code == 422 and "$.messages[0].content holds a lone" in r.json()["error"]["message"]
+        # A surrogate pair is one character (an emoji from an ASCII-only encoder), and a byte order mark is skipped.
+        r = c.post("/v1/batches", content=b'\xef\xbb\xbf{"env": "math", "tasks": [{"q": "\\ud83d\\ude00"}]}',
+                   headers={"content-type": "application/json"})
+        assert r.status_code == 202, r.text
+        assert len(c.get("/v1/batches").json()) == 1
+        assert c.get(f"/v1/batches/{r.json()['id']}/request").json()["tasks"] == [{"q": "\U0001F600"}]
 
 
 def test_oversized_body_is_413(gateway, settings):

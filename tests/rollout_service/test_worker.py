@@ -359,6 +359,57 @@ async def test_infrastructure_failure_is_retried_then_recorded(settings, redis, 
     assert t2.attempts == settings.max_attempts and t2.failure.kind.infrastructure and not t2.usable
 
 
+async def test_a_result_that_cannot_be_stored_is_recorded_as_failed_saying_why(settings, redis, keys, monkeypatch):
+    """A value msgpack cannot hold (here a string with a lone surrogate, as a third-party env could
+    put in `info`) made the result's write raise: the handler died unlogged, the lease lapsed and
+    the reaper requeued the trajectory, again and again. Now it is recorded as failed at once, with
+    the reason; where the task itself cannot be stored, without it."""
+    import rollout_service.worker as worker_module
+    from scheduler import queue as queue_module
+
+    real = worker_module.run_episode
+
+    async def unstorable(work, *args, **kwargs):
+        if work.task.get("seed") == 2:  # a task that slipped past the gateway's checks
+            work.task["bad"] = "\udfff"
+        traj = await real(work, *args, **kwargs)
+        traj.info = {"note": "\ud800"}
+        return traj
+
+    monkeypatch.setattr(worker_module, "run_episode", unstorable)
+    requeues = []
+    real_reap = queue_module.Queue.reap
+
+    async def reap(self):
+        got = await real_reap(self)
+        requeues.append(got[0])
+        return got
+
+    monkeypatch.setattr(queue_module.Queue, "reap", reap)
+    q, store = Queue(redis, keys), Store(redis, keys)
+    b = await q.enqueue(RolloutRequest(tasks=[{"seed": 1}, {"seed": 2}], env="math"))
+    with RunningWorker(settings):
+        st = await wait_done(store, b.id)
+    assert st.counts[TrajectoryState.failed] == 2 and not any(requeues)
+    one, two = await store.trajectory(f"{b.id}-0-0"), await store.trajectory(f"{b.id}-1-0")
+    for t in (one, two):
+        assert t.failure.kind is FailureKind.internal and "could not be stored" in t.failure.message
+        assert "surrogate" in t.failure.message and t.attempts == 1 and t.restarts == 0
+    assert one.task == {"seed": 1} and two.task == {}
+
+
+async def test_a_task_with_an_integer_beyond_64_bits_finishes_and_reads_back_exact(settings, redis, keys):
+    """Such a task (a math answer of 2**100) was stuck `running`: its result could not be packed,
+    the handler died unlogged, and the reaper requeued it for ever (restart after restart)."""
+    q, store = Queue(redis, keys), Store(redis, keys)
+    b = await q.enqueue(RolloutRequest(tasks=[{"seed": 1, "big": 2**100, "neg": -(2**70)}], env="math"))
+    with RunningWorker(settings):
+        st = await wait_done(store, b.id)
+    t = await store.trajectory(f"{b.id}-0-0")
+    assert t.state in (TrajectoryState.completed, TrajectoryState.truncated) and st.counts[TrajectoryState.failed] == 0
+    assert t.task == {"seed": 1, "big": 2**100, "neg": -(2**70)} and t.restarts == 0
+
+
 async def test_dead_workers_trajectory_is_picked_up_by_another(settings, redis, keys):
     settings = dataclasses.replace(settings, lease_s=1.5, max_attempts=5)
     q, store = Queue(redis, keys, settings.lease_s, settings.max_attempts), Store(redis, keys)

@@ -70,6 +70,22 @@ def test_every_field_but_the_token_arrays_is_what_the_json_form_has():
     assert fields(msgpack.unpackb(pack_turn(t.turns[1]))) == fields(t.turns[1].model_dump(mode="json"))
 
 
+def test_integers_beyond_64_bits_round_trip_exactly_as_an_extension_type():
+    """msgpack's integers stop at 64 bits; a task's answer of 2**100 or a 128-bit hash in `info`
+    made the result unstorable. They travel as extension type BIG_INT (decimal digits), which our
+    readers turn back into the integer and any msgpack reader can still read past."""
+    from wire.packed import BIG_INT
+
+    big = {"answer": 2**100, "neg": -(2**64), "edge": [2**64 - 1, -(2**63)], "small": 7}
+    t = traj([turn(0, [1], [2], [-1.0])]).model_copy(update={"task": big, "info": {"hash": 2**127 + 1}})
+    raw = pack_trajectory(t)
+    assert unpack(unpack_trajectory(raw)) == t
+    assert unpack(unpack_trajectory(with_samples(raw))).task == big
+    plain_reader = msgpack.unpackb(raw)  # no hook: the value is there, as an extension
+    assert plain_reader["task"]["answer"] == msgpack.ExtType(BIG_INT, str(2**100).encode())
+    assert plain_reader["task"]["edge"] == [2**64 - 1, -(2**63)] and plain_reader["task"]["small"] == 7
+
+
 def test_a_float64_logprob_is_rounded_to_float32():
     t = traj([turn(0, [1], [2], [-0.1])])
     got = unpack(unpack_trajectory(pack_trajectory(t))).turns[0].output_logprobs[0]
