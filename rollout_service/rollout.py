@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable
 
 from env_workers.client import EnvBackend, EnvRejected, EnvUnavailable, EnvWorkerLost
 from env_workers.env import SandboxUnavailable
-from rollout_service.engines.base import EngineError, EngineLost, GenerateRequest
+from rollout_service.engines.base import ContextFull, EngineError, EngineLost, EngineRejected, GenerateRequest
 from rollout_service.engines.fleet import Fleet
 from rollout_service.tokens import TemplateDriftError, chat_tokens
 from rollout_service.turns import record_turn
@@ -76,6 +76,11 @@ async def run_episode(work: Work, fleet: Fleet, envs: EnvBackend, attempt: int =
             kind=FailureKind.timeout, message=f"deadline of {p.deadline_s}s active time exceeded")
     except (EngineLost, EnvWorkerLost):
         raise  # not the trajectory's failure: the worker restarts the episode
+    except ContextFull:  # the conversation fills the engine's context: it ends there
+        traj.state = TrajectoryState.truncated
+        traj.info["truncated_by"] = "context"
+    except EngineRejected as e:  # the request, as the task and its parameters made it
+        traj.state, traj.failure = TrajectoryState.failed, Failure(kind=FailureKind.rejected, message=str(e))
     except EngineError as e:
         traj.state, traj.failure = TrajectoryState.failed, Failure(kind=FailureKind.engine, message=str(e))
     except SandboxUnavailable as e:  # before EnvUnavailable, its base class

@@ -84,7 +84,7 @@ class SamplingParams(Input):
     top_k: Int = Field(-1, ge=-1)
     max_tokens: Int = Field(256, ge=1, le=MAX_TOKENS_PER_TURN)
     seed: Seed | None = None
-    stop: list[str] = Field(default_factory=list, max_length=16)
+    stop: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list, max_length=16)  # vLLM refuses ""
 
 
 class RolloutRequest(Input):

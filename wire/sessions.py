@@ -10,6 +10,7 @@ from pydantic_core import PydanticCustomError
 from wire.base import MAX_GROUP_SIZE, Input, Int, JsonObject, Message, Seed, ToolCall, TurnTokens, Wire, integral
 
 MAX_CHOICES = 16  # n: samples per call (a GRPO group from one call)
+StopText = Annotated[str, Field(min_length=1)]  # an empty stop string is refused (vLLM answers 400)
 
 # The OpenAI-shaped models below are strict, as `Input` is: a request that breaks the documented
 # schema (`true` or `"3"` for an integer, `1` for a boolean) is a 422, never coerced into a sample.
@@ -134,7 +135,7 @@ class ChatCompletionRequest(BaseModel):
     max_tokens: TurnTokens | None = None
     max_completion_tokens: TurnTokens | None = None
     seed: Seed | None = None
-    stop: str | Annotated[list[str], Field(max_length=16)] | None = None
+    stop: StopText | Annotated[list[StopText], Field(max_length=16)] | None = None
     n: Int = Field(1, ge=1, le=MAX_CHOICES)
     stream: bool = False
     stream_options: StreamOptions | None = None

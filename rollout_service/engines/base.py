@@ -15,6 +15,24 @@ class EngineError(Exception):
     """The engine could not serve a request (unreachable, 5xx, malformed answer)."""
 
 
+class EngineRejected(EngineError):
+    """The engine refused this request as invalid (HTTP 400 or 422: a stop string it does not take,
+    more tokens than its context holds): the engine is fine and asking again, there or elsewhere,
+    gets the same answer. Not retried, and the engine stays in rotation (it was marked down, so
+    one bad request took it from every other trajectory until the next health probe)."""
+
+
+class ContextFull(EngineRejected):
+    """The prompt leaves no room in the engine's context (its `max_model_len`) for one more
+    token: the trajectory has run out of context, which ends it as truncated, not failed."""
+
+
+def refused(engine_id: str, status: int, text: str) -> EngineError:
+    """The error for an engine's non-200 answer: EngineRejected for 400 and 422."""
+    kind = EngineRejected if status in (400, 422) else EngineError
+    return kind(f"engine {engine_id} answered {status}: {text[:300]}")
+
+
 class EngineLost(EngineError):
     """No engine could be reached at all (connection refused, reset, timed out): the engine
     process is gone or restarting. Our fault, not the trajectory's: the worker restarts the

@@ -29,7 +29,8 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
-from rollout_service.engines.base import Engine, EngineError, EngineLost, GenerateRequest, GenerateResult, TokenDelta
+from rollout_service.engines.base import (Engine, EngineError, EngineLost, EngineRejected, GenerateRequest,
+                                          GenerateResult, TokenDelta)
 from rollout_service.engines.kinds import make_engine
 from rollout_service.tokens import Tokenizer, load_tokenizer, loaded_tokenizer
 from scheduler.registry import Registry
@@ -203,6 +204,8 @@ class Fleet:
                 else:
                     failed = eid
                     res = await engine.generate(req)
+            except EngineRejected:  # this request, not the engine: no other engine would take it
+                raise
             except EngineError as e:
                 last = e
                 self._down.add(failed)
@@ -268,6 +271,8 @@ class Fleet:
                     started = True
                     yield ev
                 raise EngineError(f"engine {eid} ended its stream without a result")
+            except EngineRejected:
+                raise
             except EngineError as e:
                 self._down.add(failed)
                 self.policy.forget(trajectory_id)

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, HTTPException
-from fastapi.responses import PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, Field
 
 from rollout_service.engines.base import GenerateRequest, GenerateResult
@@ -46,7 +46,15 @@ class CompletionRequest(BaseModel):
     stream_options: dict | None = None
 
 
-def create_app(engine: SimEngine, model: str = "sim") -> FastAPI:
+def _bad_request(message: str) -> JSONResponse:
+    """vLLM's answer to a request it refuses."""
+    return JSONResponse({"error": {"message": message, "type": "BadRequestError", "param": None, "code": 400}},
+                        status_code=400)
+
+
+def create_app(engine: SimEngine, model: str = "sim", max_model_len: int = 131_072) -> FastAPI:
+    """`max_model_len`: the context, refused and clamped as vLLM does (a `max_tokens` beyond it is
+    refused; one the prompt leaves no room for is cut to what is left; a prompt that fills it is refused)."""
     app = FastAPI(title="simulated engine (vLLM-compatible subset)")
     stats = {"requests": 0, "generation_tokens": 0, "prompt_tokens": 0, "external_kv_tokens": 0}
     running = asyncio.Event()
@@ -93,12 +101,19 @@ def create_app(engine: SimEngine, model: str = "sim") -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [{"id": model, "object": "model"}]}
+        return {"object": "list", "data": [{"id": model, "object": "model", "max_model_len": max_model_len}]}
 
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest) -> dict:
+    @app.post("/v1/completions", response_model=None)
+    async def completions(body: CompletionRequest) -> dict | JSONResponse:
+        if "" in (body.stop or []):
+            return _bad_request("stop cannot contain an empty string.")
+        if body.max_tokens > max_model_len:
+            return _bad_request(f"max_tokens={body.max_tokens} cannot be greater than max_model_len={max_model_len}.")
+        max_tokens = min(body.max_tokens, max_model_len - len(body.prompt))
+        if max_tokens < 1:
+            return _bad_request(f"max_tokens must be at least 1, got {max_tokens}.")
         sampling = SamplingParams(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
-                                  max_tokens=min(body.max_tokens, 32_768), seed=body.seed, stop=(body.stop or [])[:16])
+                                  max_tokens=min(max_tokens, 32_768), seed=body.seed, stop=(body.stop or [])[:16])
         rid = body.request_id or uuid.uuid4().hex
         await running.wait()  # paused for a weight update: requests wait, as vLLM's mode=keep
         req = GenerateRequest(body.prompt, sampling, rid, kv_transfer_params=body.kv_transfer_params,

@@ -23,7 +23,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
 
-from rollout_service.engines.base import EngineError, EngineLost, GenerateRequest, GenerateResult, TokenDelta
+from rollout_service.engines.base import (ContextFull, EngineError, EngineLost, GenerateRequest, GenerateResult,
+                                          TokenDelta, refused)
 from rollout_service.engines.capabilities import Capabilities, from_kv_config, unknown
 from wire import EngineInfo
 
@@ -68,6 +69,7 @@ class VLLMEngine:
         self.policy_version = policy_version
         self._client = client or httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=5.0))
         self._owns_client = client is None
+        self._context: int | None | bool = False  # the engine's max_model_len; False: not known yet
 
     @classmethod
     def from_info(cls, info: EngineInfo) -> VLLMEngine:
@@ -110,13 +112,43 @@ class VLLMEngine:
             raise EngineError(f"engine {self.id} returned no kv_transfer_params: is it serving with a KV connector?")
         return params
 
+    async def context_limit(self) -> int | None:
+        """The engine's context in tokens (`max_model_len` in vLLM's `/v1/models`), asked once;
+        None where the server does not say."""
+        if self._context is False:
+            try:
+                r = await self._client.get(f"{self.url}/v1/models", timeout=5.0)
+                models = r.json()["data"] if r.status_code == 200 else []
+            except Exception:  # unreachable now (the call that follows says so), or not that API
+                return None
+            found = [m for m in models if isinstance(m, dict) and m.get("id") == self.model] or models[:1]
+            limit = found[0].get("max_model_len") if found and isinstance(found[0], dict) else None
+            self._context = limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
+        return self._context
+
+    async def _fit(self, req: GenerateRequest) -> GenerateRequest:
+        """`req` with `max_tokens` no more than the engine's context leaves after the prompt (vLLM
+        refuses a `max_tokens` beyond its context, whatever the prompt); ContextFull if nothing is
+        left. A trajectory's turns grow its prompt until it fills the context: that ends it, truncated."""
+        limit = await self.context_limit()
+        if limit is None:
+            return req
+        room = limit - len(req.prompt_ids)
+        if room < 1:
+            raise ContextFull(f"engine {self.id}: the prompt's {len(req.prompt_ids)} tokens leave no room in its "
+                              f"context of {limit} (max_model_len)")
+        if req.sampling.max_tokens <= room:
+            return req
+        return dataclasses.replace(req, sampling=req.sampling.model_copy(update={"max_tokens": room}))
+
     async def _complete(self, req: GenerateRequest) -> dict:
+        req = await self._fit(req)
         try:
             r = await self._client.post(f"{self.url}/v1/completions", json=self.payload(req))
         except httpx.HTTPError as e:
             raise EngineLost(f"engine {self.id} unreachable: {e!r}") from e
         if r.status_code != 200:
-            raise EngineError(f"engine {self.id} answered {r.status_code}: {r.text[:300]}")
+            raise refused(self.id, r.status_code, r.text)
         try:
             return r.json()
         except ValueError as e:
@@ -149,6 +181,7 @@ class VLLMEngine:
         iterator early closes the connection, and vLLM aborts the request."""
         t0 = time.perf_counter()
         version = self.policy_version
+        req = await self._fit(req)
         body = {**self.payload(req), "stream": True, "stream_options": {"include_usage": True}}
         ids: list[int] = []
         lps: list[float] = []
@@ -157,7 +190,7 @@ class VLLMEngine:
         try:
             async with self._client.stream("POST", f"{self.url}/v1/completions", json=body) as r:
                 if r.status_code != 200:
-                    raise EngineError(f"engine {self.id} answered {r.status_code}: {(await r.aread())[:300]!r}")
+                    raise refused(self.id, r.status_code, (await r.aread()).decode(errors="replace"))
                 async for line in r.aiter_lines():
                     if not line.startswith("data:") or (data := line[5:].strip()) == "[DONE]":
                         continue

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
 
 from rollout_service.auth import Principal
-from rollout_service.engines.base import EngineError
+from rollout_service.engines.base import EngineError, EngineRejected
 from rollout_service.routes.batches import SAMPLES
 from rollout_service.routes.body import JsonRoute
 from rollout_service.routes.deps import principal
@@ -36,6 +36,11 @@ Caller = Depends(principal)
 
 class EngineUnavailable(ApiError):
     status, code = 503, "engine_unavailable"
+
+
+class EngineRefused(ApiError):
+    """The engine refused the call as invalid (say a stop string it does not take): the caller's to fix."""
+    status, code = 422, "engine_rejected"
 
 
 def _owner(who: Principal) -> str | None:
@@ -128,6 +133,8 @@ async def _served(aw: Awaitable[T]) -> T:
         raise NotFound(f"no session {e.args[0]!r}") from None
     except SessionClosed as e:
         raise Conflict(str(e)) from None
+    except EngineRejected as e:
+        raise EngineRefused(str(e)) from None
     except EngineError as e:
         raise EngineUnavailable(str(e)) from None
 
@@ -163,8 +170,8 @@ async def _sse(head: dict, n: int, first: Delta | Reply, rest: AsyncIterator[Del
             yield chunk(ev.index, {"content": ev.content} if ev.content else {}, ev.logprobs)
             ev = await anext(rest)
     except EngineError as e:
-        yield "data: " + json.dumps({"error": {"code": "engine_unavailable", "message": str(e),
-                                               "type": "engine_unavailable"}}) + "\n\n"
+        code = "engine_rejected" if isinstance(e, EngineRejected) else "engine_unavailable"
+        yield "data: " + json.dumps({"error": {"code": code, "message": str(e), "type": code}}) + "\n\n"
         yield "data: [DONE]\n\n"
         return
     finally:

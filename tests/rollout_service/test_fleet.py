@@ -213,3 +213,68 @@ async def test_a_split_left_without_its_decode_engine_says_what_took_it_out(two_
     assert traj.failure is not None
     assert "no engine available" in traj.failure.message and "the last attempt" in traj.failure.message
     assert "e1" in fleet.down, traj.failure.message
+
+
+async def test_an_engine_that_refuses_a_request_is_asked_once_and_stays_in_rotation():
+    """An engine's 400 is about the request: asking again, there or elsewhere, gets the same answer.
+    It was retried on every engine and marked each down (one tenant's bad request took the engines
+    from everyone until the next probe), then charged as an engine failure and retried 3 times."""
+    from rollout_service.engines.base import EngineRejected, GenerateRequest
+    from rollout_service.engines.vllm import VLLMEngine
+    from wire import FailureKind, SamplingParams, TrajectoryState
+
+    calls: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "m", "max_model_len": 4096}]})
+        return httpx.Response(400, json={"error": {"message": "a request this engine does not take", "code": 400}})
+
+    engines = {f"v{i}": (VLLMEngine(f"v{i}", f"http://e{i}", model="m",
+                                    client=httpx.AsyncClient(transport=httpx.MockTransport(handler))), "byte")
+               for i in range(2)}
+    fleet = Fleet(engines)
+    with pytest.raises(EngineRejected, match="does not take"):
+        await fleet.generate("t1", "byte", GenerateRequest([1, 2, 3], SamplingParams(max_tokens=4), "r1"))
+    assert calls.count("/v1/completions") == 1 and not fleet.down
+    work = Work("b-0-0", "b", 0, 0, {"seed": 1}, RolloutRequest(tasks=[{}], env="math"))
+    traj = await run_episode(work, fleet, LocalEnvs())
+    assert traj.state is TrajectoryState.failed and traj.failure.kind is FailureKind.rejected
+    assert "does not take" in traj.failure.message and calls.count("/v1/completions") == 2 and not fleet.down
+
+
+async def test_a_conversation_that_fills_the_engines_context_ends_truncated_not_failed():
+    """vLLM refuses `max_tokens` beyond its context (`max_model_len`) and a prompt that fills it:
+    with SmolLM2 (4,096) and the default `max_total_tokens` (8,192), a long episode failed as an
+    engine error, three attempts over. The engine now asks its context once, cuts `max_tokens` to
+    what the prompt leaves, and a prompt with no room left ends the trajectory, truncated."""
+    from rollout_service.engines.sim import SimEngine
+    from rollout_service.engines.sim_server import create_app as sim_app
+    from rollout_service.engines.vllm import VLLMEngine
+    from wire import SamplingParams, TrajectoryState
+
+    def fleet_of(max_model_len: int, policy=None) -> Fleet:
+        sim = SimEngine("s", seed=3, **({"policy": policy} if policy else {}))
+        client = httpx.AsyncClient(transport=httpx.ASGITransport(app=sim_app(sim, max_model_len=max_model_len)),
+                                   base_url="http://sim")
+        return Fleet({"v": (VLLMEngine("v", "http://sim", model="sim", client=client), "byte")})
+
+    def work(env: str, **params) -> Work:
+        return Work("b-0-0", "b", 0, 0, {"seed": 1}, RolloutRequest(tasks=[{}], env=env, **params))
+
+    # max_tokens far beyond the context: cut to what is left, not refused
+    fleet = fleet_of(4096)
+    one = await run_episode(work("math", sampling=SamplingParams(max_tokens=32_768), max_total_tokens=100_000),
+                            fleet, LocalEnvs())
+    assert one.state is TrajectoryState.completed and one.turns and not fleet.down
+    # a tool-calling policy that never answers: the conversation grows until the context is full
+    fleet = fleet_of(400, policy=lambda prompt, rng: "calc: 1 + 1")
+    long = await run_episode(work("calc", sampling=SamplingParams(max_tokens=64), max_turns=50,
+                                  max_total_tokens=100_000), fleet, LocalEnvs())
+    assert long.state is TrajectoryState.truncated and long.info["truncated_by"] == "context"
+    assert len(long.turns) >= 2 and long.failure is None
+    assert sum(len(t.prompt_ids) + len(t.output_ids) for t in long.turns) <= 400
+    # a first prompt that does not fit at all
+    none = await run_episode(work("math"), fleet_of(10), LocalEnvs())
+    assert none.state is TrajectoryState.truncated and not none.turns and none.info["truncated_by"] == "context"

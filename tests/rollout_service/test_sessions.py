@@ -122,3 +122,20 @@ def test_no_engine_is_503(gateway):
     with pytest.raises(openai.InternalServerError) as e:
         client.chat.completions.create(model="sim", messages=[{"role": "user", "content": "hi"}])
     assert e.value.status_code == 503
+
+
+def test_a_call_the_engine_refuses_is_a_422_and_the_engine_stays_up(gateway, keys):
+    """The engine's refusal (here: the conversation fills its context) is the caller's to fix: a 422
+    `engine_rejected` with the engine's reason, not a 503 `engine_unavailable`, and the engine serves
+    the next call. An empty stop string is refused before any engine sees it."""
+    with LiveServer(sim_app(Recording(["ok"]), max_model_len=120)) as srv:
+        syncredis.Redis.from_url(REDIS_URL).hset(keys.engines, "sim", EngineInfo(id="sim", url=srv.url)
+                                                 .model_dump_json())
+        _, client = session(gateway)
+        with pytest.raises(openai.UnprocessableEntityError) as e:
+            client.chat.completions.create(model="sim", messages=[{"role": "user", "content": "x" * 200}])
+        assert e.value.body["code"] == "engine_rejected" and "max_model_len" in e.value.body["message"]
+        with pytest.raises(openai.UnprocessableEntityError):
+            client.chat.completions.create(model="sim", messages=[{"role": "user", "content": "hi"}], stop=[""])
+        r = client.chat.completions.create(model="sim", messages=[{"role": "user", "content": "hi"}], max_tokens=8)
+        assert r.choices[0].message.content
