@@ -361,9 +361,10 @@ async def test_a_claim_brings_the_trajectorys_fields_so_its_work_needs_no_read(q
 
 async def test_a_task_reaches_its_episode_as_submitted_whatever_json_it_holds(queue, store):
     """Tasks are parsed by pydantic-core's JSON reader, which refuses a lone surrogate that Python's
-    `json` writes and reads (`\\ud800`): such a task still arrives whole, and so do big ints,
-    non-finite floats, nesting and non-ASCII text."""
-    tasks = [{"q": "lone \ud800 surrogate"}, {"n": 2 ** 80, "x": [float("inf"), -0.0, 1e-300]},
+    `json` writes and reads (`\\ud800`; the gateway refuses one in a body, a Python caller can still
+    send it): such a task still arrives whole, and so do big ints, extreme floats, nesting and
+    non-ASCII text. (Non-finite floats are refused by the wire model: `wire.base.finite`.)"""
+    tasks = [{"q": "lone \ud800 surrogate"}, {"n": 2 ** 80, "x": [1e308, -0.0, 1e-300]},
              {"deep": {"a": [None, True, "café 😀"]}}, {}]
     b = await queue.enqueue(RolloutRequest(tasks=tasks, env="math"))
     claims = await queue.claim_many("w", 10)
