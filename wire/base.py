@@ -6,10 +6,12 @@ Non-goal: behaviour. These are shapes; nothing here does I/O or imports our othe
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic_core import to_jsonable_python
 
 # Bounds on what one request may ask for (invariant: nothing unbounded). The gateway adds the
 # ones a deployment tunes: tasks × group_size, bytes per task and per request, open trajectories
@@ -38,26 +40,33 @@ def finite(v: Any) -> Any:
     """Free-form JSON whose numbers are all finite. JSON has no NaN or Infinity, yet Python's
     parser reads `NaN`, `Infinity` and `1e400` (as infinity): a task carrying one was queued,
     failed each attempt as the service's own fault (its env call could not be encoded), and read
-    back with null in its place. One pass over the values, ~1 µs a small task."""
-    stack = [v]
+    back with null in its place. NumPy values (`{"seed": np.random.randint(9)}` is an `int64`, which
+    no JSON encoder takes) become the Python values they hold. One pass, ~1 µs a small task."""
+    stack, arrays = [v], False
     while stack:
         x = stack.pop()
         t = type(x)
-        if t is float:
+        if t is float or isinstance(x, float):  # (NumPy's float64 is a float)
             if not math.isfinite(x):
                 raise ValueError(f"{_where(v, x)} is {x}: JSON has no NaN or Infinity (send a string or null)")
         elif t is dict:
             stack.extend(x.values())
-        elif t is list:
+        elif t is list or t is tuple:
             stack.extend(x)
-    return v
+        elif hasattr(x, "dtype") and hasattr(x, "tolist"):  # a NumPy (or torch) scalar or array
+            arrays = True
+    return finite(json.loads(json.dumps(v, default=_plain))) if arrays else v
+
+
+def _plain(o: Any) -> Any:
+    return o.tolist() if hasattr(o, "dtype") and hasattr(o, "tolist") else to_jsonable_python(o)
 
 
 def _where(v: Any, bad: float, path: str = "$") -> str | None:
     """The path of the first number in `v` that is `bad` (NaN is not equal to itself)."""
-    if type(v) is float and (v == bad or v != v and bad != bad):
+    if isinstance(v, float) and (v == bad or v != v and bad != bad):
         return path
-    items = v.items() if type(v) is dict else enumerate(v) if type(v) is list else ()
+    items = v.items() if type(v) is dict else enumerate(v) if type(v) in (list, tuple) else ()
     for k, x in items:
         got = _where(x, bad, f"{path}.{k}" if type(v) is dict else f"{path}[{k}]")
         if got is not None:

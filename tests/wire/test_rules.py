@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pydantic
 import pytest
@@ -56,3 +58,19 @@ def test_free_form_json_inputs_refuse_nan_and_infinity_and_say_where(bad):
         with pytest.raises(pydantic.ValidationError, match=r"\$\.p\.q\[2\] is .*JSON has no NaN or Infinity"):
             make({"p": {"q": [0.0, "x", bad]}})
         make({"p": {"q": [0.0, "NaN", 1e308, 10**40, True, None]}})  # strings, large numbers, null pass
+
+
+def test_numpy_values_in_a_task_become_the_python_values_they_hold():
+    """`{"seed": np.random.randint(9)}` is an int64, which no JSON encoder takes: the SDK's submit
+    failed with pydantic's "Unable to serialize unknown type". NaN inside an array is still refused."""
+    import numpy as np
+
+    from trainer_client._client import RolloutClient
+    from wire import RolloutRequest
+
+    task = {"seed": np.int64(3), "x": np.float32(1.5), "grid": np.array([[1, 2], [3, 4]]), "tag": "a", "n": [1, None]}
+    body = RolloutClient.build([task], "math", 2, None)
+    assert body["tasks"] == [{"seed": 3, "x": 1.5, "grid": [[1, 2], [3, 4]], "tag": "a", "n": [1, None]}]
+    assert type(body["tasks"][0]["seed"]) is int and json.dumps(body)  # plain JSON, all of it
+    with pytest.raises(pydantic.ValidationError, match=r"\$\.a\[1\] is nan"):
+        RolloutRequest(tasks=[{"a": np.array([0.5, np.nan])}], env="math")
