@@ -26,25 +26,41 @@ def _client(args):
     return RolloutClient(_url(args), api_key=args.api_key or os.environ.get("ROLLOUT_API_KEY"))
 
 
-def _read_tasks(path: Path) -> list[dict]:
+def _read_tasks(path: Path) -> tuple[list[dict], list[int]]:
+    """The file's tasks, one JSON object a line, and the line each is on."""
     if not path.exists():
         raise SystemExit(f"no such file: {path}")
-    tasks = []
+    tasks, lines = [], []
     for n, line in enumerate(path.read_text().splitlines(), 1):
         if line.strip():
             try:
                 tasks.append(json.loads(line))
             except json.JSONDecodeError as e:
                 raise SystemExit(f"{path}:{n}: not JSON: {e}") from None
+            lines.append(n)
     if not tasks:
         raise SystemExit(f"{path} has no tasks")
-    return tasks
+    return tasks, lines
+
+
+def _invalid(e, path: Path, lines: list[int]) -> str:
+    """A batch the SDK refused before sending it, one line a problem, a task's by its line in the file."""
+    out = []
+    for err in e.errors():
+        loc, msg = list(err["loc"]), err["msg"].removeprefix("Value error, ")
+        if loc[:1] == ["tasks"] and len(loc) > 1 and isinstance(loc[1], int) and loc[1] < len(lines):
+            out.append(f"{path}:{lines[loc[1]]}: {msg}")
+        else:
+            out.append(f"{'.'.join(map(str, loc)) or 'batch'}: {msg}")
+    return "invalid batch:\n  " + "\n  ".join(out)
 
 
 def cmd_submit(args) -> None:
+    import pydantic
+
     from trainer_client import APIError
 
-    tasks = _read_tasks(Path(args.file))
+    tasks, lines = _read_tasks(Path(args.file))
     env = args.env or Path(args.file).stem
     sampling = {"temperature": args.temperature, "max_tokens": args.max_tokens}
     if args.seed is not None:
@@ -55,6 +71,8 @@ def cmd_submit(args) -> None:
                              idempotency_key=args.idempotency_key)
         except APIError as e:
             raise SystemExit(f"rejected: {e}" + (f"\n{json.dumps(e.details, indent=1)}" if e.details else "")) from None
+        except pydantic.ValidationError as e:  # refused by the SDK, before anything was sent
+            raise SystemExit(_invalid(e, Path(args.file), lines)) from None
         console.print(f"batch [bold]{batch.id}[/]: {batch.num_trajectories} trajectories of {env!r}"
                       + ("" if batch.created else " (existing batch for this idempotency key)"))
         if not args.wait:
