@@ -122,6 +122,10 @@ class Fleet:
         ids = list(self._engines)
         ok = await asyncio.gather(*(self._engines[e][0].health() for e in ids), return_exceptions=True)
         for eid, healthy in zip(ids, ok):
+            if healthy is True and eid in self._down:  # back, perhaps restarted with another context
+                forget = getattr(self._engines[eid][0], "forget_context", None)
+                if forget is not None:
+                    forget()
             (self._down.discard if healthy is True else self._down.add)(eid)
         await self._detect([e for e in ids if e not in self._down and e in self._infos and self._infos[e].kv is None])
 

@@ -126,6 +126,10 @@ class VLLMEngine:
             self._context = limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
         return self._context
 
+    def forget_context(self) -> None:
+        """Ask the context again before the next request (the engine came back: maybe restarted)."""
+        self._context = False
+
     async def _fit(self, req: GenerateRequest) -> GenerateRequest:
         """`req` with `max_tokens` no more than the engine's context leaves after the prompt (vLLM
         refuses a `max_tokens` beyond its context, whatever the prompt); ContextFull if nothing is

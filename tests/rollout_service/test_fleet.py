@@ -278,3 +278,40 @@ async def test_a_conversation_that_fills_the_engines_context_ends_truncated_not_
     # a first prompt that does not fit at all
     none = await run_episode(work("math"), fleet_of(10), LocalEnvs())
     assert none.state is TrajectoryState.truncated and not none.turns and none.info["truncated_by"] == "context"
+
+
+async def test_an_engine_back_from_down_is_asked_its_context_again():
+    """The context is asked once; an engine that went down and came back may have restarted with
+    another `--max-model-len`, so the probe that sees it back makes the next request ask again."""
+    from rollout_service.engines.base import GenerateRequest
+    from rollout_service.engines.vllm import VLLMEngine
+    from wire import SamplingParams
+
+    state = {"up": True, "len": 64, "asked": 0, "max_tokens": []}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if not state["up"]:
+            raise httpx.ConnectError("down")
+        if request.url.path == "/health":
+            return httpx.Response(200)
+        if request.url.path == "/v1/models":
+            state["asked"] += 1
+            return httpx.Response(200, json={"data": [{"id": "m", "max_model_len": state["len"]}]})
+        body = __import__("json").loads(request.content)
+        state["max_tokens"].append(body["max_tokens"])
+        return httpx.Response(200, json={"choices": [{"token_ids": [5], "logprobs": {"token_logprobs": [-0.1]},
+                                                      "finish_reason": "length", "prompt_token_ids": body["prompt"]}]})
+
+    eng = VLLMEngine("v", "http://e", model="m", client=httpx.AsyncClient(transport=httpx.MockTransport(handler)))
+    fleet = Fleet({"v": (eng, "byte")})
+    req = GenerateRequest(list(range(10)), SamplingParams(max_tokens=1000), "r")
+    await fleet.generate("t", "byte", req)
+    await fleet.generate("t", "byte", req)
+    assert state["asked"] == 1 and state["max_tokens"] == [54, 54]
+    state["up"] = False
+    await fleet.probe()
+    assert "v" in fleet.down
+    state.update(up=True, len=128)
+    await fleet.probe()
+    await fleet.generate("t", "byte", req)
+    assert state["asked"] == 2 and state["max_tokens"][-1] == 118 and not fleet.down
