@@ -118,11 +118,14 @@ class VLLMEngine:
         if self._context is False:
             try:
                 r = await self._client.get(f"{self.url}/v1/models", timeout=5.0)
-                models = r.json()["data"] if r.status_code == 200 else []
-            except Exception:  # unreachable now (the call that follows says so), or not that API
+            except Exception:  # unreachable now (the call that follows says so): ask next time
                 return None
-            found = [m for m in models if isinstance(m, dict) and m.get("id") == self.model] or models[:1]
-            limit = found[0].get("max_model_len") if found and isinstance(found[0], dict) else None
+            try:
+                models = [m for m in r.json()["data"] if isinstance(m, dict)] if r.status_code == 200 else []
+            except Exception:  # not that API
+                models = []
+            found = [m for m in models if m.get("id") == self.model] or models[:1]
+            limit = found[0].get("max_model_len") if found else None
             self._context = limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
         return self._context
 

@@ -315,3 +315,15 @@ async def test_an_engine_back_from_down_is_asked_its_context_again():
     await fleet.probe()
     await fleet.generate("t", "byte", req)
     assert state["asked"] == 2 and state["max_tokens"][-1] == 118 and not fleet.down
+
+
+@pytest.mark.parametrize("answer", [{"data": {"a": 1}}, {"data": [1, "x"]}, {"nope": 1}, "not json",
+                                    {"data": [{"id": "m", "max_model_len": True}]},
+                                    {"data": [{"id": "m", "max_model_len": -5}]}])
+async def test_a_server_that_does_not_say_its_context_is_served_without_a_limit(answer):
+    """Not every OpenAI-compatible server says `max_model_len`, or says it well: no limit, no error."""
+    from rollout_service.engines.vllm import VLLMEngine
+
+    reply = httpx.Response(200, text=answer) if isinstance(answer, str) else httpx.Response(200, json=answer)
+    eng = VLLMEngine("v", "http://e", model="m", client=httpx.AsyncClient(transport=httpx.MockTransport(lambda r: reply)))
+    assert await eng.context_limit() is None
