@@ -121,6 +121,14 @@ def run_seed(workload: str, mode: str, engines: int, seed: int, cost: ClusterCos
     }
 
 
+class Said(list):
+    """A benchmark's printed lines, kept for its table: `say = Said(); say("...")`, then `save(..., say)`."""
+
+    def __call__(self, line: str) -> None:
+        print(line, flush=True)
+        self.append(line)
+
+
 def save(out: str, payload: dict, table: str = "", lines: list[str] | None = None) -> None:
     """A benchmark's JSON at `out`, and its printed lines at `table` when one is named."""
     Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -200,11 +208,7 @@ def main() -> None:
     if args.restart_switch:
         costs = {m: c.restart_switch() for m, c in costs.items()}
     seeds = [0] if args.quick else [int(s) for s in args.seeds.split(",")]
-    lines: list[str] = []
-
-    def say(s: str) -> None:
-        print(s, flush=True)
-        lines.append(s)
+    say = Said()
 
     cells, t0 = [], time.perf_counter()
     for (model, cost), workload, mode in itertools.product(costs.items(), args.workloads.split(","),
@@ -229,7 +233,7 @@ def main() -> None:
     out.write_text(json.dumps({"args": _args(args), "cost": {m: c.describe() for m, c in costs.items()},
                                "wall_s": wall, "cells": cells}, indent=1))
     if args.table:
-        Path(args.table).write_text("\n".join(lines) + "\n")
+        Path(args.table).write_text("\n".join(say) + "\n")
     if args.plot:
         plot(cells, args.plot)
 
@@ -278,11 +282,7 @@ def join(runs: list[dict]) -> list[dict]:
 def render(args: argparse.Namespace) -> None:
     runs = [json.loads(Path(f).read_text()) for f in args.render.split(",")]
     cells = join(runs)
-    lines: list[str] = []
-
-    def say(s: str) -> None:
-        print(s, flush=True)
-        lines.append(s)
+    say = Said()
 
     for c in cells:
         say(line(c))
@@ -295,7 +295,7 @@ def render(args: argparse.Namespace) -> None:
                                               "cost": {k: v for r in runs for k, v in r["cost"].items()},
                                               "wall_s": sum(r["wall_s"] for r in runs), "cells": cells}, indent=1))
     if args.table:
-        Path(args.table).write_text("\n".join(lines) + "\n")
+        Path(args.table).write_text("\n".join(say) + "\n")
     if args.plot:
         plot(cells, args.plot)
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
-from benchmarks.pd_allocation import code_version, engine_workload, save, spread  # noqa: E402
+from benchmarks.pd_allocation import Said, code_version, engine_workload, save, spread  # noqa: E402
 from benchmarks.pd_role_tp import FAMILIES, launch_of  # noqa: E402
 from benchmarks.sim.cluster import Cluster, Policy  # noqa: E402
 from benchmarks.sim.cost import ClusterCost  # noqa: E402
@@ -150,11 +150,7 @@ def main() -> None:
     src = json.loads(Path(a.table_json).read_text())
     pick = {k: set(getattr(a, k if k == "gpus" else f"{k}s").split(",")) - {""} for k in ("model", "gpus", "workload", "mode", "seed")}
     bases = {m: [int(t) for t in ts.split(",")] for m, ts in (x.split("=") for x in a.base.split(";") if x)}
-    lines: list[str] = []
-
-    def say(s: str) -> None:
-        print(s, flush=True)
-        lines.append(s)
+    say = Said()
 
     t0 = time.time()
     cells = []
@@ -174,7 +170,7 @@ def main() -> None:
     if not cells:
         ap.error("no cell of the table matches")
     report(cells, time.time() - t0, say)
-    save(a.out, {"args": vars(a), "wall_s": time.time() - t0, "cells": cells}, a.table, lines)
+    save(a.out, {"args": vars(a), "wall_s": time.time() - t0, "cells": cells}, a.table, say)
 
 
 if __name__ == "__main__":

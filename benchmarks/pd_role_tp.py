@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
-from benchmarks.pd_allocation import code_version, engine_workload, phase_before, save, spread  # noqa: E402
+from benchmarks.pd_allocation import Said, code_version, engine_workload, phase_before, save, spread  # noqa: E402
 from benchmarks.sim.cluster import Cluster, Policy  # noqa: E402
 from benchmarks.sim.cost import ClusterCost  # noqa: E402
 from benchmarks.sim.shape import MODELS  # noqa: E402
@@ -156,11 +156,7 @@ def main() -> None:
             ap.error(f"--tps: {e}")
         if room <= 0:
             ap.error(f"--tps: {a.model} at {t} leaves no memory for the KV cache")
-    lines: list[str] = []
-
-    def say(s: str) -> None:
-        print(s, flush=True)
-        lines.append(s)
+    say = Said()
 
     t0 = time.time()
     if a.render:
@@ -182,7 +178,7 @@ def main() -> None:
                     say(cell_line(cells[-1]))
         report(cells, time.time() - t0, say)
         out = {"args": vars(a), "wall_s": time.time() - t0, "cells": cells}
-    save(a.out, out, a.table, lines)
+    save(a.out, out, a.table, say)
 
 
 def report(cells: list[dict], wall: float, say) -> None:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
-from benchmarks.pd_allocation import code_version, engine_workload, save, spread  # noqa: E402
+from benchmarks.pd_allocation import Said, code_version, engine_workload, save, spread  # noqa: E402
 from benchmarks.pd_role_tp import FAMILIES, launch_name  # noqa: E402
 from benchmarks.sim.cluster import Cluster, Policy, Warm  # noqa: E402
 from benchmarks.sim.workload import WORKLOADS  # noqa: E402
@@ -113,11 +113,7 @@ def main() -> None:
     if a.model not in FAMILIES or FAMILIES[a.model][0] != "tp":
         ap.error("--model: a dense model (the MoE's per-role groups are not modelled below DP8)")
     tps = [int(t) for t in a.tps.split(",")]
-    lines: list[str] = []
-
-    def say(s: str) -> None:
-        print(s, flush=True)
-        lines.append(s)
+    say = Said()
 
     t0 = time.time()
     cells = []
@@ -129,7 +125,7 @@ def main() -> None:
                 for line in cell_lines(cells[-1]):
                     say(line)
     report(cells, time.time() - t0, say)
-    save(a.out, {"args": vars(a), "wall_s": time.time() - t0, "cells": cells}, a.table, lines)
+    save(a.out, {"args": vars(a), "wall_s": time.time() - t0, "cells": cells}, a.table, say)
 
 
 if __name__ == "__main__":
