@@ -137,7 +137,7 @@ class VLLMEngine:
         """`req` with `max_tokens` no more than the engine's context leaves after the prompt (vLLM
         refuses a `max_tokens` beyond its context, whatever the prompt); ContextFull if nothing is
         left. A trajectory's turns grow its prompt until it fills the context: that ends it, truncated."""
-        limit = await self.context_limit()
+        limit = self._context if self._context is not False else await self.context_limit()  # (asked once)
         if limit is None:
             return req
         room = limit - len(req.prompt_ids)
