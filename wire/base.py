@@ -46,6 +46,8 @@ def finite(v: Any) -> Any:
     while stack:
         x = stack.pop()
         t = type(x)
+        if t is str or t is int or t is bool or x is None:
+            continue
         if t is float or isinstance(x, float):  # (NumPy's float64 is a float)
             if not math.isfinite(x):
                 raise ValueError(f"{_where(v, x)} is {x}: JSON has no NaN or Infinity (send a string or null)")
