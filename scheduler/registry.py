@@ -213,6 +213,15 @@ class Registry:
         alive = await self.r.mget([self.k.worker_alive(w.id) for w in infos])
         return sorted((w for w, a in zip(infos, alive) if a), key=lambda w: w.id)
 
+    async def unhosted(self, env: str) -> list[str] | None:
+        """Every env the registered env workers announce, when none of them hosts `env` (the
+        trajectories would all end `rejected` at their first pick); None when one does, or when
+        no env worker is registered at all (they may still be starting: nothing to judge by)."""
+        infos = await self.workers(live=False)
+        if not infos or any(_hosts(w, env) for w in infos):
+            return None
+        return sorted({e for w in infos for e in w.envs})
+
     async def pick_worker(self, env: str) -> str:
         """Base URL of a live env worker that hosts `env` (random: spreads sessions).
         LookupError while its workers are down; UnknownEnv (a ValueError) if no worker ever hosted it.

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import difflib
 import json
 import re
 
@@ -55,6 +56,9 @@ async def submit(request: Request, body: RolloutRequest, who: Principal = Caller
     Claimed in weighted fair share across tenants, then by `priority` among the tenant's batches."""
     settings = request.app.state.settings
     limits.check_batch(body, settings)
+    known = await request.app.state.registry.unhosted(body.env)
+    if known is not None:
+        raise unknown_env(body.env, known)
     try:
         created = await request.app.state.queue.enqueue(
             body, tenant=who.tenant, max_open=settings.max_open_per_tenant,
@@ -64,6 +68,15 @@ async def submit(request: Request, body: RolloutRequest, who: Principal = Caller
     if created.created:
         request.app.state.metrics.batches.inc()
     return created
+
+
+def unknown_env(env: str, known: list[str]) -> ApiError:
+    """A batch for an env no registered env worker hosts (a typo, say): a 422 naming the nearest
+    known name, instead of a batch whose every trajectory ends `rejected`."""
+    near = difflib.get_close_matches(env, known, n=1, cutoff=0.6)
+    hint = f"; did you mean {near[0]!r}?" if near else ""
+    return ApiError(f"no env worker hosts an environment named {env!r}{hint} (hosted: {', '.join(known)})",
+                    {"env": env, "hosted": known}, status=422, code="unknown_env")
 
 
 @router.get("/batches", response_model=list[BatchStatus])

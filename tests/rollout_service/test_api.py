@@ -7,7 +7,9 @@ import time
 import httpx
 import pytest
 
+from scheduler.registry import Registry
 from tests.conftest import RunningWorker
+from wire import WorkerInfo
 
 BATCH = {"tasks": [{"seed": 1}, {"seed": 2}], "env": "math", "group_size": 3}
 
@@ -97,6 +99,28 @@ def test_bad_input_is_4xx_with_one_error_shape(gateway):
             assert 400 <= r.status_code < 500, (r.request.url, r.status_code)
             err = r.json()["error"]
             assert set(err) == {"code", "message", "details"} and err["message"]
+
+
+async def test_a_batch_for_an_env_no_worker_hosts_is_a_422_naming_the_nearest(gateway, redis, keys):
+    """A typo in `env` was a 202, then every trajectory ended `rejected` at its first env call.
+    With env workers registered, the gateway knows what they host and refuses it at once."""
+    reg = Registry(redis, keys)
+    async with httpx.AsyncClient(base_url=gateway.url) as c:
+        # no env worker registered yet (they may still be starting): nothing to judge by, queued
+        assert (await c.post("/v1/batches", json={**BATCH, "env": "maht"})).status_code == 202
+        await reg.announce_worker(WorkerInfo(id="env-a", url="http://a", envs=["math", "calc", "reasoning_gym:*"]),
+                                  {}, 10)
+        await reg.announce_worker(WorkerInfo(id="env-b", url="http://b", envs=["swe"]), {}, 1)
+        await redis.delete(keys.worker_alive("env-b"))  # dead but registered: what it hosted still counts
+        for env, hint in [("maht", "did you mean 'math'?"), ("gymnasium:CartPole-v1", "")]:
+            r = await c.post("/v1/batches", json={**BATCH, "env": env})
+            assert r.status_code == 422, (env, r.text)
+            err = r.json()["error"]
+            assert err["code"] == "unknown_env" and hint in err["message"], err
+            assert err["details"] == {"env": env, "hosted": ["calc", "math", "reasoning_gym:*", "swe"]}
+        for env in ("math", "swe", "reasoning_gym:leg_counting"):  # a family worker answers for its names
+            assert (await c.post("/v1/batches", json={**BATCH, "env": env})).status_code == 202, env
+        assert len((await c.get("/v1/batches")).json()) == 4  # nothing of the refused ones was queued
 
 
 def test_a_task_with_nan_or_infinity_is_a_422_naming_where(gateway):
