@@ -57,6 +57,14 @@ class EngineInfo(Input):
                                                   "prefill engine to read (no recompute of the response).")
 
 
+class EngineStatus(EngineInfo):
+    """A registered engine as listed: its registration, and how the workers find it now."""
+
+    up: bool = Field(True, description="False while a worker's probe finds it unreachable (an engine no "
+                                       "worker has found down counts as up).")
+    inflight_tokens: Int = Field(0, ge=0, description="Tokens in flight on it, summed over the workers.")
+
+
 class EngineRoleUpdate(Input):
     role: Literal["prefill", "decode", "mixed"]
 

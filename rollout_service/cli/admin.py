@@ -176,13 +176,14 @@ def cmd_engines(args) -> None:
             if args.engine_url not in ("prefill", "decode", "mixed"):
                 raise SystemExit("usage: rollout engines role ID prefill|decode|mixed")
             c.set_engine_role(args.id, args.engine_url)
-        table = Table("id", "kind", "url", "model", "GPUs", "role", "state", "can serve", "KV connector",
+        table = Table("id", "kind", "url", "model", "GPUs", "role", "state", "up", "can serve", "KV connector",
                       "policy version", "tokenizer")
         for e in c.engines():
             state = f"{e['state']} -> {e['next_role']}" if e.get("next_role") else e["state"]
             # what the engine's KV connector allows, as workers detected it ("?": not asked yet)
             can = ", ".join(e["can_serve"]) if e.get("can_serve") else "?"
-            table.add_row(e["id"], e["kind"], e["url"], e["model"], str(e.get("gpus", 1)), e["role"], state, can,
+            up = "yes" if e.get("up", True) else "[red]no[/]"  # (a gateway before `up`: as the metric reads)
+            table.add_row(e["id"], e["kind"], e["url"], e["model"], str(e.get("gpus", 1)), e["role"], state, up, can,
                           e.get("kv") or "not detected yet", str(e["policy_version"]), e["tokenizer"])
         console.print(table)
 

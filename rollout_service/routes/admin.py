@@ -9,6 +9,7 @@ from wire import (
     ApiKeyCreate,
     ApiKeyCreated,
     EngineInfo,
+    EngineStatus,
     EngineRoleUpdate,
     ErrorResponse,
     WeightUpdate,
@@ -29,9 +30,13 @@ async def create_key(request: Request, body: ApiKeyCreate) -> ApiKeyCreated:
     return ApiKeyCreated(key=key, tenant=body.tenant, admin=body.admin)
 
 
-@router.get("/engines", response_model=list[EngineInfo])
-async def engines(request: Request) -> list[EngineInfo]:
-    return await request.app.state.registry.engines()
+@router.get("/engines", response_model=list[EngineStatus])
+async def engines(request: Request) -> list[EngineStatus]:
+    """Every registered engine, with whether the workers find it up and its tokens in flight."""
+    registry = request.app.state.registry
+    infos = await registry.engines()
+    loads = await registry.engine_loads([e.id for e in infos])
+    return [EngineStatus(**e.model_dump(), up=loads[e.id][1], inflight_tokens=loads[e.id][0]) for e in infos]
 
 
 @router.post("/engines", response_model=EngineInfo, status_code=201)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import httpx
 import pytest
 
+from rollout_service.cli import main as cli_main
 from scheduler.registry import Registry
 from tests.conftest import RunningWorker
 from wire import WorkerInfo
@@ -184,13 +186,24 @@ def test_oversized_body_is_413(gateway, settings):
         assert r.status_code == 413 and r.json()["error"]["code"] == "too_large"
 
 
-def test_engines_register_and_deregister(gateway):
-    with httpx.Client(base_url=gateway.url) as c:
-        r = c.post("/v1/engines", json={"id": "e1", "url": "http://127.0.0.1:9", "policy_version": 3})
-        assert r.status_code == 201
-        assert [e["id"] for e in c.get("/v1/engines").json()] == ["e1"]
-        assert c.delete("/v1/engines/e1").status_code == 200
-        assert c.delete("/v1/engines/e1").status_code == 404
+async def test_engines_register_list_whether_up_and_deregister(gateway, redis, keys, capsys):
+    """The listing says what the workers find: an engine a worker's probe finds unreachable was
+    listed `ready` like any other (only /metrics told); now `up` is false there and in `rollout engines`."""
+    async with httpx.AsyncClient(base_url=gateway.url) as c:
+        for eid in ("e1", "e2"):
+            r = await c.post("/v1/engines", json={"id": eid, "url": "http://127.0.0.1:9", "policy_version": 3})
+            assert r.status_code == 201 and "up" not in r.json()
+        assert (await c.post("/v1/engines", json={"id": "e3", "url": "http://127.0.0.1:9", "up": False})).status_code == 422
+        await Registry(redis, keys).report("w1", {"e1": 40, "e2": 7}, down={"e2"})
+        listed = {e["id"]: e for e in (await c.get("/v1/engines")).json()}
+        assert {k: (e["up"], e["inflight_tokens"], e["policy_version"]) for k, e in listed.items()} == {
+            "e1": (True, 40, 3), "e2": (False, 7, 3)}
+        await asyncio.to_thread(cli_main, ["engines", "--url", gateway.url])
+        rows = {line.split("│")[1].strip(): line for line in capsys.readouterr().out.splitlines() if "│ e" in line}
+        assert " no " in rows["e2"] and " no " not in rows["e1"], rows
+        assert (await c.delete("/v1/engines/e2")).status_code == 200
+        assert (await c.delete("/v1/engines/e2")).status_code == 404
+        assert [e["id"] for e in (await c.get("/v1/engines")).json()] == ["e1"]
 
 
 def test_healthz_docs_and_metrics(gateway):
