@@ -260,11 +260,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    from pydantic import ValidationError
+
     from trainer_client import RolloutError
 
     try:
         args.fn(args)
     except RolloutError as e:
         console.print(f"[red]error:[/] {e}")
+        sys.exit(1)
+    except (IsADirectoryError, NotADirectoryError, PermissionError) as e:  # a path given on the command line
+        console.print(f"[red]error:[/] {e.strerror}: {e.filename}")
+        sys.exit(1)
+    except ValidationError as e:  # an argument the SDK's request model refuses, before anything is sent
+        console.print(f"[red]error:[/] invalid {e.title}: " + "; ".join(
+            f"{'.'.join(map(str, err['loc'])) or 'value'}: {err['msg']}" for err in e.errors()))
         sys.exit(1)
 

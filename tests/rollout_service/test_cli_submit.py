@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -21,3 +22,19 @@ def test_a_tasks_file_the_sdk_refuses_names_each_bad_line_and_sends_nothing(tmp_
     out = subprocess.run([sys.executable, "-m", "rollout_service.cli", "submit", str(f), "--group-size", "0",
                           "--url", "http://127.0.0.1:9"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "group_size: Input should be greater than or equal to 1" in out.stderr
+
+
+def test_bad_paths_and_arguments_are_one_error_line_not_a_traceback(tmp_path):
+    """A folder given as the tasks file or recording, or an argument the SDK's request model
+    refuses (a negative policy version, an empty tenant), ended in a traceback. Nothing is sent:
+    the URL here answers nothing."""
+    url = ["--url", "http://127.0.0.1:9"]
+    for argv, said in [(["submit", str(tmp_path), *url], f"error: Is a directory: {tmp_path}"),
+                       (["replay", str(tmp_path)], f"error: Is a directory: {tmp_path}"),
+                       (["weights", "/ckpt", "--version", "-3", *url],
+                        "error: invalid WeightUpdate: version: Input should be greater than or equal to 0"),
+                       (["keys", "", *url], "error: invalid ApiKeyCreate: tenant: String should have at least 1 character")]:
+        out = subprocess.run([sys.executable, "-m", "rollout_service.cli", *argv], capture_output=True, text=True,
+                             timeout=60, env={**os.environ, "COLUMNS": "200"})
+        assert out.returncode == 1 and "Traceback" not in out.stdout + out.stderr, (argv, out.stderr)
+        assert said in out.stdout + out.stderr, (argv, out.stdout, out.stderr)
