@@ -41,6 +41,11 @@ from wire import EngineInfo
 
 log = logging.getLogger(__name__)
 
+# An engine found failing is left out of rotation this long, unless a probe finds it up sooner. A
+# process that probes (a rollout worker, every 2 s) finds a dead engine down again at each probe;
+# one that does not (the gateway's session proxy) gave up on an engine for good after one failure.
+DOWN_S = 10.0
+
 
 class Fleet:
     def __init__(self, engines: dict[str, tuple[Engine, str]] | None = None,
@@ -58,7 +63,7 @@ class Fleet:
         self._refresh_s = refresh_s
         self._refreshed = 0.0
         self._load: dict[str, int] = {e: 0 for e in self._engines}
-        self._down: set[str] = set()
+        self._down: dict[str, float] = {}  # engine -> when it was last found failing
         # trajectory -> (decode engine, the kv_transfer_params it answered): its last turn's KV,
         # held there for the next prefill to read; bounded, oldest dropped first
         self._held: dict[str, tuple[str, dict]] = {}
@@ -72,7 +77,14 @@ class Fleet:
 
     @property
     def down(self) -> frozenset[str]:
-        return frozenset(self._down)
+        return frozenset(e for e in self._down if self._is_down(e))
+
+    def _is_down(self, eid: str) -> bool:
+        at = self._down.get(eid)
+        return at is not None and time.monotonic() - at < DOWN_S
+
+    def _mark_down(self, eid: str) -> None:
+        self._down[eid] = time.monotonic()
 
     async def refresh(self, force: bool = False) -> None:
         if self._registry is None or (not force and time.monotonic() - self._refreshed < self._refresh_s):
@@ -90,6 +102,7 @@ class Fleet:
                     continue
                 if info.id in self._engines:
                     await self._engines[info.id][0].aclose()
+                self._down.pop(info.id, None)  # registered anew (another URL or tokenizer): judged afresh
                 self._engines[info.id], self._infos[info.id] = (engine, info.tokenizer), info
                 self._load.setdefault(info.id, 0)
             self._engines[info.id][0].policy_version = info.policy_version
@@ -107,7 +120,7 @@ class Fleet:
         for gone in set(self._engines) - {i.id for i in infos if i.id in self._infos}:
             eng, _ = self._engines.pop(gone)
             self._infos.pop(gone, None)
-            self._down.discard(gone)
+            self._down.pop(gone, None)
             self._roles.pop(gone, None)
             await eng.aclose()
 
@@ -126,8 +139,11 @@ class Fleet:
                 forget = getattr(self._engines[eid][0], "forget_context", None)
                 if forget is not None:
                     forget()
-            (self._down.discard if healthy is True else self._down.add)(eid)
-        await self._detect([e for e in ids if e not in self._down and e in self._infos and self._infos[e].kv is None])
+            if healthy is True:
+                self._down.pop(eid, None)
+            else:
+                self._mark_down(eid)
+        await self._detect([e for e in ids if not self._is_down(e) and e in self._infos and self._infos[e].kv is None])
 
     async def _detect(self, ids: list[str]) -> None:
         """Ask engines not asked yet which roles they can serve; record it in the registry."""
@@ -152,7 +168,7 @@ class Fleet:
     def _available(self, tokenizer: str | None) -> dict[str, int]:
         able = {e: self._load.get(e, 0) for e, (_, tok) in self._engines.items()
                 if tokenizer is None or tok == tokenizer}
-        healthy = {e: n for e, n in able.items() if e not in self._down}
+        healthy = {e: n for e, n in able.items() if not self._is_down(e)}
         return healthy or able
 
     async def tokenizer_for(self, trajectory_id: str) -> tuple[str, Tokenizer]:
@@ -161,19 +177,29 @@ class Fleet:
         return spec, tok
 
     async def chat_for(self, trajectory_id: str) -> tuple[str, Tokenizer, str]:
-        """The tokenizer spec, tokenizer and tool parser name of the engine a trajectory starts on."""
+        """The tokenizer spec, tokenizer and tool parser name of the engine a trajectory starts on.
+        An engine registered with a tokenizer that cannot be loaded is left out (as a failing one
+        is) and the next is tried: one bad registration took every new session to that engine."""
         await self.refresh()
-        try:
-            eid = self.policy.route(trajectory_id, self._available(None), self._roles)[0]
-        except NoEngine as e:
-            raise EngineError("no engine registered") from e
-        spec = self._engines[eid][1]
-        parser = self._infos[eid].tool_parser if eid in self._infos else "hermes"
-        tok = loaded_tokenizer(spec)  # at hand almost always: no thread for it
-        try:
-            return spec, tok if tok is not None else await asyncio.to_thread(load_tokenizer, spec), parser
-        except Exception as e:  # not a registered name nor a loadable tokenizer folder
-            raise EngineError(f"engine {eid}: tokenizer {spec!r} cannot be loaded ({type(e).__name__})") from e
+        failed: list[str] = []
+        for _ in range(max(len(self._engines), 1)):
+            try:
+                eid = self.policy.route(trajectory_id, self._available(None), self._roles)[0]
+            except NoEngine as e:
+                raise EngineError("no engine registered") from e
+            spec = self._engines[eid][1]
+            parser = self._infos[eid].tool_parser if eid in self._infos else "hermes"
+            tok = loaded_tokenizer(spec)  # at hand almost always: no thread for it
+            try:
+                return spec, tok if tok is not None else await asyncio.to_thread(load_tokenizer, spec), parser
+            except Exception as e:  # not a registered name nor a loadable tokenizer folder
+                why = f"engine {eid}: tokenizer {spec!r} cannot be loaded ({type(e).__name__}: {e})"
+                if why not in failed:
+                    log.warning("%s; trying another engine", why)
+                    failed.append(why)
+                self._mark_down(eid)
+                self.policy.forget(trajectory_id)
+        raise EngineError("; ".join(failed))
 
     async def generate(self, trajectory_id: str, tokenizer: str, req: GenerateRequest,
                        new_tokens: int | None = None) -> GenerateResult:
@@ -212,7 +238,7 @@ class Fleet:
                 raise
             except EngineError as e:
                 last = e
-                self._down.add(failed)
+                self._mark_down(failed)
                 self.policy.forget(trajectory_id)
                 continue
             finally:
@@ -278,7 +304,7 @@ class Fleet:
             except EngineRejected:
                 raise
             except EngineError as e:
-                self._down.add(failed)
+                self._mark_down(failed)
                 self.policy.forget(trajectory_id)
                 if started:
                     raise

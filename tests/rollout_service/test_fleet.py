@@ -327,3 +327,28 @@ async def test_a_server_that_does_not_say_its_context_is_served_without_a_limit(
     reply = httpx.Response(200, text=answer) if isinstance(answer, str) else httpx.Response(200, json=answer)
     eng = VLLMEngine("v", "http://e", model="m", client=httpx.AsyncClient(transport=httpx.MockTransport(lambda r: reply)))
     assert await eng.context_limit() is None
+
+
+async def test_an_engine_whose_tokenizer_cannot_load_is_passed_over_and_marks_expire(monkeypatch):
+    """One engine registered with a tokenizer folder that does not load took every new session
+    routed to it (a 503 each, for good: the gateway never probes), while a good engine stood by.
+    It is left out like a failing engine and the next one serves; a down mark lapses after
+    DOWN_S where no probe renews it, so a process without a prober tries the engine again."""
+    from rollout_service.engines import fleet as fleet_mod
+    from rollout_service.engines.base import EngineError
+    from rollout_service.engines.sim import SimEngine
+
+    fleet = Fleet({"bad": (SimEngine("bad"), "/no/such/tokenizer"), "good": (SimEngine("good"), "byte")})
+    for i in range(6):
+        spec, tok, _ = await fleet.chat_for(f"s-{i}")
+        assert spec == "byte" and tok is not None
+    assert fleet.down == {"bad"}
+    monkeypatch.setattr(fleet_mod, "DOWN_S", 0.05)
+    await asyncio.sleep(0.1)
+    assert fleet.down == set()  # tried again from here on (and left out again if still bad)
+    assert (await fleet.chat_for("s-9"))[0] == "byte" and fleet.down == {"bad"}
+    only_bad = Fleet({"bad": (SimEngine("bad"), "/no/such/tokenizer")})
+    with pytest.raises(EngineError, match="tokenizer '/no/such/tokenizer' cannot be loaded"):
+        await only_bad.chat_for("s-0")
+    await fleet.aclose()
+    await only_bad.aclose()
