@@ -167,13 +167,22 @@ def wait_redis(url: str, timeout: float) -> None:
 
     deadline = time.monotonic() + timeout
     r = connect_sync(url, socket_timeout=1.0, socket_connect_timeout=1.0)
+    last = None
     while time.monotonic() < deadline:
         try:
             r.ping()
             return
-        except redis.ConnectionError:
+        except redis.ConnectionError as e:  # (a refused password too: AuthenticationError)
+            last = e
             time.sleep(0.1)
-    raise SystemExit(f"Redis at {url} not reachable after {timeout}s")
+    raise SystemExit(f"Redis at {without_password(url)} not reachable after {timeout:g} s: {last}")
+
+
+def without_password(url: str) -> str:
+    """`url` fit to print: its user and password (`redis://:secret@host`) shown as `***`."""
+    scheme, sep, rest = url.partition("://")
+    _, at, host = rest.rpartition("@")
+    return f"{scheme}://***@{host}" if sep and at else url
 
 
 def self_cmd(*args: str) -> list[str]:
@@ -231,7 +240,7 @@ def run(args, console) -> None:
             sup.add(Child("redis (embedded)", [redis_server_binary(), "--port", str(rport), "--bind", "127.0.0.1",
                                                "--dir", str(data), "--appendonly", "yes", "--save", ""],
                           env, log=logs / "redis.log", component="redis"))
-            wait_redis(redis_url, 10)
+        wait_redis(redis_url, 10)  # (one given: a clear line now, not a traceback once engines have started)
         env["ROLLOUT_REDIS_URL"] = redis_url
         env["ROLLOUT_KEY_PREFIX"] = s.key_prefix
 

@@ -108,3 +108,17 @@ def test_ctrl_c_stops_every_part_in_order_with_no_error_in_any_log(tmp_path, pre
     states = [r.hget(keys.traj(t.decode()), "state") for t in r.lrange(keys.batch_trajs(batch.id), 0, -1)]
     assert b"running" not in states  # handed back (queued) or finished, never left holding a lease
     assert r.zcard(keys.leases) == 0
+
+
+def test_an_unreachable_redis_is_one_line_before_anything_starts(tmp_path):
+    """`--redis-url` naming a Redis that does not answer ended in a redis-py traceback, after the
+    engines had started. Now it is one line with the reason, the password masked, and exit 1."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLOUT_")}
+    env["ROLLOUT_CACHE_DIR"] = str(tmp_path / "cache")
+    out = subprocess.run([sys.executable, "-m", "rollout_service.cli", "up", "--engine", "sim", "--port",
+                          str(free_port()), "--redis-url", f"redis://:s3cret@127.0.0.1:{free_port()}/0"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    said = out.stdout + out.stderr
+    assert out.returncode == 1 and "Traceback" not in said, said
+    assert "Redis at redis://***@127.0.0.1:" in said and "Connection refused" in said and "s3cret" not in said
+    assert "engine 0" not in said  # nothing was started
