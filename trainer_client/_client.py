@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
 import httpx
@@ -133,9 +133,11 @@ class _Base:
         return max(wait, min(float(hint), 30.0)) if hint.isdigit() else wait
 
     @staticmethod
-    def build(tasks: list[dict[str, Any]], env: str, group_size: int, sampling: dict | SamplingParams | None,
+    def build(tasks: Iterable[dict[str, Any]], env: str, group_size: int, sampling: dict | SamplingParams | None,
               **kw: Any) -> dict:
         kw.setdefault("idempotency_key", f"auto-{uuid.uuid4().hex}")  # a retried submit: the same batch
+        if not isinstance(tasks, (list, dict, str, bytes)) and isinstance(tasks, Iterable):
+            tasks = list(tasks)  # a tuple, a generator, a `datasets.Dataset` (its rows are dicts)
         req = RolloutRequest(tasks=tasks, env=env, group_size=group_size,
                              sampling=SamplingParams.model_validate(sampling or {}), **kw)
         return req.model_dump(mode="json", exclude_none=True)
@@ -233,7 +235,7 @@ class RolloutClient(_Base):
             time.sleep(wait)
             tries += 1
 
-    def submit(self, tasks: list[dict[str, Any]], env: str, group_size: int = 1,
+    def submit(self, tasks: Iterable[dict[str, Any]], env: str, group_size: int = 1,
                sampling: dict | SamplingParams | None = None, **kw: Any) -> BatchCreated:
         """Queue a batch; returns at once. kw: max_turns, max_total_tokens, deadline_s, idempotency_key,
         priority (-100..100: among your batches, higher runs first), ..."""
@@ -404,7 +406,7 @@ class AsyncRolloutClient(_Base):
             await asyncio.sleep(wait)
             tries += 1
 
-    async def submit(self, tasks: list[dict[str, Any]], env: str, group_size: int = 1,
+    async def submit(self, tasks: Iterable[dict[str, Any]], env: str, group_size: int = 1,
                      sampling: dict | SamplingParams | None = None, **kw: Any) -> BatchCreated:
         return BatchCreated.model_validate(await self._req("POST", "/v1/batches",
                                                            json=self.build(tasks, env, group_size, sampling, **kw)))

@@ -25,6 +25,20 @@ def test_submit_and_iter_results(gateway, settings):
                                                                           for s in range(4)]
 
 
+async def test_tasks_may_be_any_iterable_of_dicts(gateway):
+    """A generator or a tuple of tasks (a `datasets.Dataset` iterates its rows as dicts) was a
+    pydantic "Input should be a valid list"; a single dict is still refused, not read as its keys."""
+    rows = ({"seed": i} for i in range(3))
+    with RolloutClient(gateway.url) as c:
+        bid = c.submit(rows, env="math").id
+        assert c.request(bid).tasks == [{"seed": 0}, {"seed": 1}, {"seed": 2}]
+        with pytest.raises(ValueError, match="valid list"):
+            c.submit({"seed": 1}, env="math")
+    async with AsyncRolloutClient(gateway.url) as c:
+        bid = (await c.submit(tuple(TASKS), env="calc")).id
+        assert (await c.request(bid)).tasks == TASKS
+
+
 def test_errors_are_typed(gateway):
     with RolloutClient(gateway.url) as c:
         with pytest.raises(NotFoundError):
