@@ -11,12 +11,12 @@
     {p}leases                     zset   trajectory id -> lease deadline (ms since epoch)
     {p}delayed                    zset   trajectory id -> when a retry may run again (ms since epoch)
     {p}batches                    zset   batch id -> created at (s)
-    {p}batch:{bid}                hash   state, request json, counts per trajectory state
+    {p}batch:{bid}                hash   state, request json, counts per trajectory state, request fingerprint (with a key)
     {p}batch:{bid}:trajs          list   trajectory ids in submission order
     {p}batch:{bid}:events         stream one entry per trajectory reaching a terminal state
     {p}traj:{tid}                 hash   state, spec json, attempts (charged), restarts (ours), lease token, result json
     {p}traj:{tid}:turns           list   the running attempt's finished turns (Turn json), until its result is written
-    {p}idem:{key}                 string batch id for an idempotency key
+    {p}idem:{key}                 string batch id for an idempotency key (its batch keeps the request's fingerprint)
     {p}engines                    hash   engine id -> EngineInfo json
     {p}engine:{id}:load           hash   worker id -> "tokens@unix time" it has in flight on that engine (TTL)
     {p}engine:{id}:down           string present while a worker's probe finds the engine down (TTL)

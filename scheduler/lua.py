@@ -137,13 +137,19 @@ ENQUEUE = _SHARE_FN + _RANK_FN + """
 -- ARGV: prefix, idem_key ('' for none), bid, params json, now, total, tenant, max open (0: no cap),
 -- weight, max running (0: no cap), priority, longest first ('1'/'0'), env, group size,
 -- then the groups' tasks as one msgpack array of JSON strings (one argument: redis-py encodes
--- each argument in Python, ~1 µs apiece, 10,000 for a batch of 10,000 groups).
--- Returns {bid, 1} created, {bid, 0} existing, {'', -1, open} over quota.
+-- each argument in Python, ~1 µs apiece, 10,000 for a batch of 10,000 groups), then the request's
+-- fingerprint ('' without a key).
+-- Returns {bid, 1} created, {bid, 0} existing, {'', -1, open} over quota, {bid, -2} the key names a
+-- batch of another request (one enqueued before fingerprints has none: taken as the same).
 -- A trajectory's id is `{bid}-{group}-{sample}`, groups and samples from 0 (scheduler.keys.trajectory_id).
 local p = ARGV[1]
 if ARGV[2] ~= '' then
   local existing = redis.call('GET', p .. 'idem:' .. ARGV[2])
-  if existing then return {existing, 0} end  -- before the quota: a resubmission always gets its batch
+  if existing then  -- before the quota: a resubmission always gets its batch
+    local fp = redis.call('HGET', p .. 'batch:' .. existing, 'fingerprint')
+    if fp and fp ~= ARGV[16] then return {existing, -2} end
+    return {existing, 0}
+  end
 end
 local tenant = ARGV[7]
 local okey = p .. 'tenant:' .. tenant .. ':open'
@@ -156,6 +162,7 @@ local bkey = p .. 'batch:' .. bid
 local r = rank(p, ARGV[11], ARGV[5], ARGV[12], ARGV[13])
 redis.call('HSET', bkey, 'state', 'queued', 'params', ARGV[4], 'created_at', ARGV[5], 'total', ARGV[6],
            'n_done', 0, 'n:queued', ARGV[6], 'tenant', tenant, 'rank', r)
+if ARGV[16] ~= '' then redis.call('HSET', bkey, 'fingerprint', ARGV[16]) end
 redis.call('ZADD', p .. 'batches', ARGV[5], bid)
 redis.call('ZADD', p .. 'tenant:' .. tenant .. ':batches', ARGV[5], bid)
 redis.call('HSET', share_key(p, tenant), 'weight', ARGV[9], 'cap', ARGV[10])  -- the gateway's current policy

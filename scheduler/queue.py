@@ -28,6 +28,7 @@ given (inline in Redis by default). Reads (status, pages, events) live in `sched
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 import time
@@ -114,6 +115,15 @@ class QuotaExceeded(Exception):
         self.tenant, self.open, self.requested, self.limit = tenant, open, requested, limit
 
 
+class IdempotencyConflict(Exception):
+    """The idempotency key already names `batch_id`, which was submitted with another request."""
+
+    def __init__(self, key: str, batch_id: str):
+        super().__init__(f"idempotency key {key!r} already names batch {batch_id}, submitted with a different "
+                         "request; resubmit that same request to get its batch, or use a new key")
+        self.key, self.batch_id = key, batch_id
+
+
 class Queue:
     def __init__(self, redis: aioredis.Redis, keys: Keys | None = None, lease_s: float = 30.0,
                  max_attempts: int = 3, max_restarts: int = 20, longest_first: bool = False,
@@ -175,7 +185,9 @@ class Queue:
     async def enqueue(self, req: RolloutRequest, tenant: str = "default", max_open: int = 0,
                       weight: float = 1.0, max_running: int = 0) -> BatchCreated:
         """Persist a batch and queue its trajectories. Same idempotency key, same batch (even
-        over the quota). Raises QuotaExceeded, queueing nothing, when the tenant would have more
+        over the quota), if the request is the same too: a key reused for another request (a
+        fixed key per training step, across runs) raises IdempotencyConflict rather than answer
+        with a batch of other tasks. Raises QuotaExceeded, queueing nothing, when the tenant would have more
         than `max_open` trajectories queued or running (0: no cap); checked in the same script.
         `weight` (its fair share against other tenants) and `max_running` (most of its trajectories
         running at once, 0: none) become the tenant's policy from this submission on."""
@@ -183,15 +195,20 @@ class Queue:
             raise ValueError(f"a tenant's weight must be positive, got {weight}")
         bid = uuid.uuid4().hex[:16]
         params = req.model_dump_json(exclude={"tasks"})
+        tasks = msgpack.packb(list(map(json.dumps, req.tasks)), use_bin_type=False)  # (cmsgpack reads strings only)
+        # what makes a resubmission the same request (only kept, and asked, with a key)
+        fingerprint = hashlib.blake2b(params.encode() + b"\0" + tasks, digest_size=16).hexdigest() \
+            if req.idempotency_key else ""
         args: list[str | int | float | bytes] = [
             self.k.prefix, f"{tenant}:{req.idempotency_key}" if req.idempotency_key else "", bid, params,
             time.time(), req.num_trajectories, tenant, max_open, weight, max_running, req.priority,
-            "1" if self.longest_first else "0", req.env, req.group_size,
-            msgpack.packb(list(map(json.dumps, req.tasks)), use_bin_type=False)]  # (cmsgpack reads strings only)
+            "1" if self.longest_first else "0", req.env, req.group_size, tasks, fingerprint]
         got_bid, created, *open_now = await durable(self.r, self._enqueue, args, self.replicas)
-        if created < 0:
+        if created == -1:
             raise QuotaExceeded(tenant, int(open_now[0]), req.num_trajectories, max_open)
         got_bid = got_bid.decode() if isinstance(got_bid, bytes) else got_bid
+        if created == -2:
+            raise IdempotencyConflict(req.idempotency_key or "", got_bid)
         total = req.num_trajectories if created else int(await self.r.hget(self.k.batch(got_bid), "total") or 0)
         return BatchCreated(id=got_bid, num_trajectories=total, created=bool(created))
 

@@ -14,7 +14,7 @@ from rollout_service.routes import formats
 from rollout_service.routes.body import JsonRoute
 from rollout_service.routes.deps import owned_batch, principal
 from scheduler.keys import batch_of
-from scheduler.queue import QuotaExceeded
+from scheduler.queue import IdempotencyConflict, QuotaExceeded
 from scheduler.results import plain
 from wire import (
     BatchCreated,
@@ -27,7 +27,7 @@ from wire import (
     TrajectoryPage,
     TrajectoryState,
 )
-from wire.errors import ApiError, NotFound
+from wire.errors import ApiError, Conflict, NotFound
 from wire.packed import MEDIA_TYPE, with_samples
 
 router = APIRouter(route_class=JsonRoute, prefix="/v1", tags=["batches"],
@@ -49,7 +49,9 @@ async def states() -> StateRules:
     return StateRules.current()
 
 
-@router.post("/batches", response_model=BatchCreated, status_code=202, responses={429: _QUOTA})
+@router.post("/batches", response_model=BatchCreated, status_code=202,
+             responses={429: _QUOTA, 409: {"model": ErrorResponse, "description": "The idempotency key names a "
+                                           "batch submitted with a different request"}})
 async def submit(request: Request, body: RolloutRequest, who: Principal = Caller) -> BatchCreated:
     """Queue a batch and return at once. The same `idempotency_key` returns the same batch.
     Bounded: tasks × group_size, bytes per task, and the tenant's open trajectories (429).
@@ -65,6 +67,9 @@ async def submit(request: Request, body: RolloutRequest, who: Principal = Caller
             weight=settings.tenant_weight(who.tenant), max_running=settings.max_running_per_tenant)
     except QuotaExceeded as exc:
         raise limits.quota_exceeded(exc) from None
+    except IdempotencyConflict as exc:
+        raise Conflict(str(exc), {"idempotency_key": exc.key, "batch_id": exc.batch_id},
+                       code="idempotency_conflict") from None
     if created.created:
         request.app.state.metrics.batches.inc()
     return created

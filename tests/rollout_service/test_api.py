@@ -31,6 +31,18 @@ def test_idempotency_key_never_duplicates(gateway):
         ids = {c.post("/v1/batches", json={**BATCH, "idempotency_key": "k1"}).json()["id"] for _ in range(3)}
         assert len(ids) == 1
         assert len(c.get("/v1/batches").json()) == 1
+        # The key reused for another request (a fixed key per training step, run again with other
+        # tasks) answered 202 with the first batch: the trainer read trajectories of other tasks.
+        (bid,) = ids
+        for other in ({**BATCH, "tasks": [{"seed": 7}]}, {**BATCH, "group_size": 2}, {**BATCH, "env": "calc"}):
+            r = c.post("/v1/batches", json={**other, "idempotency_key": "k1"})
+            assert r.status_code == 409, r.text
+            err = r.json()["error"]
+            assert err["code"] == "idempotency_conflict" and bid in err["message"]
+            assert err["details"] == {"idempotency_key": "k1", "batch_id": bid}
+        assert c.post("/v1/batches", json={**BATCH, "idempotency_key": "k1"}).json() == {
+            "id": bid, "num_trajectories": 6, "created": False}
+        assert len(c.get("/v1/batches").json()) == 1
 
 
 def test_results_pages_and_events(gateway, settings):

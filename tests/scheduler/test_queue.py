@@ -8,7 +8,7 @@ import time
 import pytest
 
 from scheduler.keys import batch_of, trajectory_id
-from scheduler.queue import LeaseLost, Queue
+from scheduler.queue import IdempotencyConflict, LeaseLost, Queue
 from scheduler.store import Store
 from scheduler.jobs import IllegalTransition
 from wire import Failure, FailureKind, RolloutRequest, Trajectory, TrajectoryState, Turn
@@ -62,6 +62,17 @@ async def test_same_idempotency_key_returns_same_batch(queue, store, redis, keys
     assert a.id == b.id and a.created and not b.created and b.num_trajectories == 4
     assert await queue.depth() == 4  # no duplicate trajectories queued
     assert len(await store.list_batches()) == 1
+
+
+async def test_an_idempotency_key_reused_for_another_request_is_refused(queue, store, redis, keys):
+    a = await queue.enqueue(request(idempotency_key="step-7"))
+    with pytest.raises(IdempotencyConflict, match=a.id):
+        await queue.enqueue(request(n_tasks=1, idempotency_key="step-7"))
+    assert await queue.depth() == 4 and len(await store.list_batches()) == 1
+    # a batch enqueued before fingerprints has none: a resubmission is taken as the same request
+    await redis.hdel(keys.batch(a.id), "fingerprint")
+    b = await queue.enqueue(request(n_tasks=1, idempotency_key="step-7"))
+    assert b.id == a.id and not b.created
 
 
 async def test_claim_complete_counts_and_first_result_wins(queue, store):
