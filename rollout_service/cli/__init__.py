@@ -269,6 +269,9 @@ def main(argv: list[str] | None = None) -> None:
     except RolloutError as e:
         console.print(f"[red]error:[/] {e}")
         sys.exit(1)
+    except KeyboardInterrupt:  # Ctrl-C in a command of the client (`rollout up` handles its own)
+        print("\ninterrupted", file=sys.stderr)
+        sys.exit(130)
     except (IsADirectoryError, NotADirectoryError, PermissionError) as e:  # a path given on the command line
         console.print(f"[red]error:[/] {e.strerror}: {e.filename}")
         sys.exit(1)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -73,17 +74,22 @@ def cmd_submit(args) -> None:
             raise SystemExit(f"rejected: {e}" + (f"\n{json.dumps(e.details, indent=1)}" if e.details else "")) from None
         except pydantic.ValidationError as e:  # refused by the SDK, before anything was sent
             raise SystemExit(_invalid(e, Path(args.file), lines)) from None
-        console.print(f"batch [bold]{batch.id}[/]: {batch.num_trajectories} trajectories of {env!r}"
-                      + ("" if batch.created else " (existing batch for this idempotency key)"))
-        if not args.wait:
-            return
-        t0 = time.monotonic()
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console) as bar:
-            task = bar.add_task("rolling out", total=batch.num_trajectories, completed=c.status(batch.id).done)
-            for _ev in c.events(batch.id):
-                bar.advance(task)
-        _summary(c, batch.id, time.monotonic() - t0)
+        try:
+            console.print(f"batch [bold]{batch.id}[/]: {batch.num_trajectories} trajectories of {env!r}"
+                          + ("" if batch.created else " (existing batch for this idempotency key)"))
+            if not args.wait:
+                return
+            t0 = time.monotonic()
+            with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                          console=console) as bar:
+                task = bar.add_task("rolling out", total=batch.num_trajectories, completed=c.status(batch.id).done)
+                for _ev in c.events(batch.id):
+                    bar.advance(task)
+            _summary(c, batch.id, time.monotonic() - t0)
+        except KeyboardInterrupt:  # Ctrl-C stops the waiting, not the batch: say so, and how to reach it
+            print(f"\nstopped waiting; batch {batch.id} goes on: `rollout status {batch.id}` shows it, "
+                  f"`rollout cancel {batch.id}` stops it", file=sys.stderr)
+            raise SystemExit(130) from None
 
 
 def _summary(c, bid: str, elapsed: float) -> None:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+
+import httpx
 
 
 def test_a_tasks_file_the_sdk_refuses_names_each_bad_line_and_sends_nothing(tmp_path):
@@ -38,3 +41,20 @@ def test_bad_paths_and_arguments_are_one_error_line_not_a_traceback(tmp_path):
                              timeout=60, env={**os.environ, "COLUMNS": "200"})
         assert out.returncode == 1 and "Traceback" not in out.stdout + out.stderr, (argv, out.stderr)
         assert said in out.stdout + out.stderr, (argv, out.stdout, out.stderr)
+
+
+def test_ctrl_c_while_waiting_leaves_the_batch_running_and_says_how_to_reach_it(gateway, tmp_path):
+    """Ctrl-C during `rollout submit --wait` was a KeyboardInterrupt traceback out of httpx. No
+    worker runs here: the batch stays queued while the command waits on its events."""
+    f = tmp_path / "math.jsonl"
+    f.write_text('{"seed": 1}\n')
+    proc = subprocess.Popen([sys.executable, "-m", "rollout_service.cli", "submit", str(f), "--wait", "--url",
+                             gateway.url], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "COLUMNS": "200"})
+    first = proc.stdout.readline()  # "batch ID: 1 trajectories of 'math'", then the progress bar
+    bid = first.split()[1].rstrip(":")
+    proc.send_signal(signal.SIGINT)
+    rest = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 130 and "Traceback" not in rest, rest
+    assert f"batch {bid} goes on" in rest and f"rollout cancel {bid}" in rest
+    assert httpx.get(f"{gateway.url}/v1/batches/{bid}").json()["state"] == "queued"
