@@ -175,12 +175,26 @@ class Worker:
                     await backoff.wait()
             event_loop = asyncio.get_running_loop()
             pending: asyncio.Future | None = None  # a claim sent before the last claim's episodes started
+            waiting_for_engines = False
             while not stop.is_set():
                 cancel_point()
                 for loop in (reaper, prober, beater):
                     if loop.done():
                         raise LoopDied(f"background loop {loop.get_coro().__name__} ended") from (
                             None if loop.cancelled() else loop.exception())
+                if pending is None and not await self._engines_known():
+                    # Claimed now, every trajectory would spend its attempts in a second and fail
+                    # as `engine` (a batch submitted while the engines still load): it stays queued.
+                    if not waiting_for_engines:
+                        log.warning("no engine registered that this worker can use; waiting before claiming work")
+                    waiting_for_engines = True
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(1.0):
+                            await stop.wait()
+                    continue
+                if waiting_for_engines:
+                    log.info("an engine is registered; claiming work", extra={"engines": self.fleet.engine_ids})
+                    waiting_for_engines = False
                 if pending is None:
                     free = self.free_slots()
                     if not free:  # full: until a slot frees (O(1), however many run)
@@ -228,6 +242,13 @@ class Worker:
             for t in handlers:
                 t.cancel()
             await asyncio.gather(*handlers, reaper, prober, beater, return_exceptions=True)
+
+    async def _engines_known(self) -> bool:
+        """Whether the fleet has an engine (registered, of a kind this worker speaks); the registry
+        is read at most every few seconds. Redis away: the claim that follows finds out."""
+        with contextlib.suppress(*REDIS_FAULT):
+            await self.fleet.refresh()
+        return bool(self.fleet.engine_ids)
 
     async def _claim(self, n: int) -> list[Claim]:
         """Up to `n` (at most CLAIM_MOST) in one call: a GRPO group's members come together.

@@ -636,3 +636,29 @@ async def test_a_cancelled_worker_stops_whenever_the_cancel_lands(redis, keys):
         else:
             assert task.cancelled(), task.exception()
     assert swallowed == 0
+
+
+async def test_a_worker_with_no_engine_registered_leaves_the_batch_queued_until_one_is(settings, redis, keys):
+    """A batch submitted before any engine registered (vLLM still loading) spent each
+    trajectory's attempts in about a second and failed them all as `engine` ("no engine
+    registered"). The worker now waits to claim; the batch runs once an engine registers."""
+    from scheduler.registry import Registry
+    from tests.rollout_service.test_fleet import start_sim
+    from wire import EngineInfo
+
+    q, store = Queue(redis, keys), Store(redis, keys)
+    b = await q.enqueue(RolloutRequest(tasks=[{"seed": i} for i in range(3)], env="math"))
+    proc, url = start_sim(time_scale=0.0)
+    try:
+        with RunningWorker(settings, discover=True):
+            await asyncio.sleep(2.5)  # longer than the three attempts' back-off took (0.5 s + 1 s)
+            st = await store.batch_status(b.id)
+            assert st.counts[TrajectoryState.queued] == 3 and st.finished_at is None, st.counts
+            await Registry(redis, keys).add_engine(EngineInfo(id="late", url=url))
+            st = await wait_done(store, b.id)
+        assert st.counts[TrajectoryState.completed] == 3, st.counts
+        trajs, _ = await store.trajectories(b.id, 0, 10)
+        assert [t.attempts for t in trajs] == [1, 1, 1] and {t.turns[0].engine_id for t in trajs} == {"late"}
+    finally:
+        proc.kill()
+        proc.wait()
