@@ -224,11 +224,15 @@ class Registry:
 
     async def pick_worker(self, env: str) -> str:
         """Base URL of a live env worker that hosts `env` (random: spreads sessions).
-        LookupError while its workers are down; UnknownEnv (a ValueError) if no worker ever hosted it.
+        LookupError while its workers are down, or while no env worker is registered at all;
+        UnknownEnv (a ValueError) if none of the registered ones ever hosted it.
         A worker announcing `FAMILY:*` hosts every `FAMILY:NAME` (it answers for an unknown NAME itself)."""
         able = [w for w in await self.workers() if _hosts(w, env)]
         if not able:
-            if not any(_hosts(w, env) for w in await self.workers(live=False)):
+            everyone = await self.workers(live=False)
+            if not everyone:  # none registered yet (starting beside us): transient, as the gateway judges
+                raise LookupError(f"no env worker registered yet (for {env!r})")
+            if not any(_hosts(w, env) for w in everyone):
                 raise UnknownEnv(f"no env worker hosts an environment named {env!r}")
             raise LookupError(f"no live env worker hosts {env!r}")
         return random.choice(able).url

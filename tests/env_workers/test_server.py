@@ -97,9 +97,11 @@ async def test_an_env_no_worker_ever_hosted_is_rejected_and_a_dead_workers_is_lo
     from env_workers.client import EnvWorkerLost
 
     reg = Registry(redis, keys)
+    envs = RemoteEnvs(reg.pick_worker)
+    with pytest.raises(EnvWorkerLost, match="no env worker registered yet"):  # none yet: they may be starting
+        await envs.open("no-such-env", {"seed": 1}, None)
     await redis.hset(keys.workers, "env-dead", WorkerInfo(id="env-dead", url="http://127.0.0.1:1",
                                                           envs=["calc"]).model_dump_json())
-    envs = RemoteEnvs(reg.pick_worker)
     with pytest.raises(EnvWorkerLost):  # registered, not heartbeating: restarting, come back later
         await envs.open("calc", {"seed": 1}, None)
     with pytest.raises(EnvRejected):  # nobody ever offered it: bad input, never retried
