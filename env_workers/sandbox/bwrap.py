@@ -254,8 +254,9 @@ class BwrapSandbox:
             raise SandboxClosed(f"sandbox {self.id} is closed")
         if self._root:
             kw.update(user=self.uid, group=self.uid, extra_groups=[])
-        # env: bwrap is the sandbox's pid 1, and its environment is readable from inside.
-        kw.update(env=dict(ENV), close_fds=True, preexec_fn=_default_signals)
+        # env: bwrap is the sandbox's pid 1, and its environment is readable from inside. cwd: the
+        # shell that moves it into its cgroup exports PWD, which named the env worker's folder there.
+        kw.update(env=dict(ENV), cwd="/", close_fds=True, preexec_fn=_default_signals)
         try:
             proc = self._cgroup.popen(argv, **kw) if self._cgroup else subprocess.Popen(argv, **kw)
         except OSError as e:

@@ -192,6 +192,20 @@ def test_no_host_variable_anywhere_in_proc(make_sandbox, monkeypatch):
     assert int(n) > 100 and pid1 == "True", summary  # it did look, bwrap's own pid 1 included
 
 
+def test_the_host_folder_sandboxes_are_started_from_is_nowhere_in_proc(make_sandbox, monkeypatch, tmp_path):
+    """The env worker's working folder (a deployment's path, a user name in it) reached the
+    sandbox as PWD in the environment of bwrap, its pid 1, exported by the shell that moves
+    it into its memory cgroup."""
+    host = tmp_path / f"deploy-{uuid.uuid4().hex}"
+    host.mkdir()
+    monkeypatch.chdir(host)
+    sb = make_sandbox(Limits(timeout_s=120, output_bytes=1 << 20))
+    r = sb.exec(["python3", "-c", PROC_WALK, host.name.encode().hex()])
+    assert r.exit_code == 0, r.text
+    *found, summary = r.text.splitlines()
+    assert found == [] and summary.endswith("PID1_ENVIRON True"), r.text
+
+
 def test_no_host_variable_anywhere_in_proc_of_a_terminal(make_sandbox, monkeypatch):
     secret = canary(monkeypatch)
     sb = make_sandbox(Limits(timeout_s=120))
