@@ -81,6 +81,9 @@ def _rescore(args, records) -> None:
         changed = sum((r.recorded or 0.0) != r.new for r in rows)
         console.print(f"{len(rows)} usable trajectories: mean reward {old:.4g} recorded, {new:.4g} with "
                       f"{args.score}; {changed} changed; {sign_flips(rows)} GRPO advantage signs changed")
+    if len(rows) < len(records):  # (the table alone said nothing of them: an empty one, for a failed batch)
+        console.print(f"{len(records) - len(rows)} of {len(records)} not re-scored: failed or cancelled, "
+                      "they carry no reward to compare (`usable` is false)")
     if args.json:
         Path(args.json).write_text(json.dumps(
             [{"trajectory_id": r.trajectory_id, "group_index": r.group_index, "recorded": r.recorded,

@@ -187,7 +187,19 @@ def test_cli_rescores_with_another_reward_function(exported, tmp_path, monkeypat
     _, records = read(out)
     want = {r.trajectory.id: (r.trajectory.reward, 1.0 / len(r.trajectory.turns)) for r in records}
     assert len(rows) == 6 and {r["trajectory_id"]: (r["recorded"], r["new"]) for r in rows} == want
-    assert "GRPO advantage signs changed" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "GRPO advantage signs changed" in said and "not re-scored" not in said
+    # a failed trajectory carries no reward to compare: counted aloud, not left out silently
+    header, records = read(out)
+    records[0].trajectory.state = TrajectoryState.failed
+    records[0].trajectory.failure = Failure(kind=FailureKind.engine, message="engine lost")
+    some_failed = tmp_path / "some_failed.jsonl"
+    with some_failed.open("w") as f:
+        write(f, header.batch, header.request, [])
+        for r in records:
+            f.write(r.model_dump_json() + "\n")
+    main(["replay", str(some_failed), "--score", "lenient:shorter_is_better"])
+    assert "1 of 6 not re-scored: failed or cancelled" in capsys.readouterr().out.replace("\n", " ")
     with pytest.raises(SystemExit, match="cannot load 'lenient:nope'"):
         main(["replay", str(out), "--score", "lenient:nope"])
 
