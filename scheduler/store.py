@@ -191,9 +191,15 @@ class Store:
                 rewards=[m[2] if m in usable else None for m in members]))
         return out
 
-    async def events(self, bid: str, after: str = "0", block_ms: int = 1000,
+    async def finished(self, bid: str) -> bool:
+        """Whether the batch is over: its `batch_done` event is in its stream (the same script
+        writes both)."""
+        return bool(await self.r.hexists(self.k.batch(bid), "finished_at"))
+
+    async def events(self, bid: str, after: str = "0", block_ms: int | None = 1000,
                      count: int = 100) -> list[tuple[str, TrajectoryEvent | None]]:
-        """Terminal events after stream id `after`; None marks the end of the batch."""
+        """Terminal events after stream id `after`; None marks the end of the batch. `block_ms`
+        None: what is there now, without waiting (0 would wait for ever)."""
         got = await self.r.xread({self.k.batch_events(bid): after}, count=count, block=block_ms)
         out: list[tuple[str, TrajectoryEvent | None]] = []
         for _stream, entries in got or []:

@@ -181,6 +181,11 @@ async def events(request: Request, bid: str, last_event_id: str | None = Query(N
         yield ": connected\n\n"
         while not await request.is_disconnected():
             got = await store.events(bid, after, block_ms=block)
+            if not got and await store.finished(bid):  # nothing after `after` in a finished batch...
+                got = await store.events(bid, after, block_ms=None)  # (...unless it finished just now)
+                if not got:  # resumed at or past its `done` (a reconnect that had it): `done` again, not a hang
+                    yield f"id: {after}\nevent: done\ndata: {json.dumps({'batch_id': bid})}\n\n"
+                    return
             if not got:
                 yield ": keepalive\n\n"
                 continue

@@ -48,13 +48,21 @@ def test_idempotency_key_never_duplicates(gateway):
 def test_results_pages_and_events(gateway, settings):
     with httpx.Client(base_url=gateway.url) as c, RunningWorker(settings):
         bid = c.post("/v1/batches", json=BATCH).json()["id"]
-        events = []
+        events, ids = [], []
         with c.stream("GET", f"/v1/batches/{bid}/events", timeout=30) as r:
             assert r.headers["content-type"].startswith("text/event-stream")
             for line in r.iter_lines():
                 if line.startswith("event:"):
                     events.append(line.split(":", 1)[1].strip())
+                elif line.startswith("id:"):
+                    ids.append(line.split(":", 1)[1].strip())
         assert events.count("trajectory") == 6 and events[-1] == "done"
+        # Resumed at `done` (a client that lost the connection as `done` came, an EventSource
+        # reconnecting by itself): `done` again, where the stream sent keepalives for ever.
+        for resume in (ids[-1], ids[-2]):
+            with c.stream("GET", f"/v1/batches/{bid}/events", headers={"Last-Event-ID": resume}, timeout=30) as r:
+                lines = [line for line in r.iter_lines() if line.startswith(("event:", "id:"))]
+            assert lines == [f"id: {ids[-1]}", "event: done"], (resume, lines)
         st = c.get(f"/v1/batches/{bid}").json()
         assert st["state"] == "completed" and st["counts"]["completed"] == 6
         page1 = c.get(f"/v1/batches/{bid}/trajectories", params={"limit": 4}).json()
