@@ -215,6 +215,12 @@ def run(args, console) -> None:
     s = Settings.from_env(port=args.port)
     if port_in_use(s.host, s.port):
         raise SystemExit(f"port {s.port} is taken; pass --port")
+    if args.engine == "vllm" and not args.engine_url:
+        from rollout_service.local import vllm_local
+
+        if not vllm_local.is_prepared(args.vllm_model):  # (it started Redis, then died on a missing venv)
+            raise SystemExit(f"no vLLM engine prepared here for {args.vllm_model}: run `rollout engine prepare "
+                             f"{args.vllm_model}` first (once, a few minutes), or pass --engine sim")
     logs = log_dir(s.port)
     logs.mkdir(parents=True, exist_ok=True)
     env = child_env()

@@ -122,3 +122,15 @@ def test_an_unreachable_redis_is_one_line_before_anything_starts(tmp_path):
     assert out.returncode == 1 and "Traceback" not in said, said
     assert "Redis at redis://***@127.0.0.1:" in said and "Connection refused" in said and "s3cret" not in said
     assert "engine 0" not in said  # nothing was started
+
+
+def test_up_with_a_vllm_engine_not_prepared_says_how_to_prepare_it(tmp_path):
+    """`--engine vllm` on a machine where `rollout engine prepare` never ran started Redis, then
+    ended in a FileNotFoundError traceback for the missing venv's python."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLOUT_")}
+    env["ROLLOUT_CACHE_DIR"] = str(tmp_path / "cache")
+    out = subprocess.run([sys.executable, "-m", "rollout_service.cli", "up", "--engine", "vllm", "--port",
+                          str(free_port())], env=env, capture_output=True, text=True, timeout=120)
+    said = out.stdout + out.stderr
+    assert out.returncode == 1 and "Traceback" not in said, said
+    assert "run `rollout engine prepare smollm2` first" in said and "redis" not in said.lower(), said
