@@ -182,18 +182,19 @@ class Worker:
                     if loop.done():
                         raise LoopDied(f"background loop {loop.get_coro().__name__} ended") from (
                             None if loop.cancelled() else loop.exception())
-                if pending is None and not await self._engines_known():
+                if pending is None and not await self._serves_turns():
                     # Claimed now, every trajectory would spend its attempts in a second and fail
                     # as `engine` (a batch submitted while the engines still load): it stays queued.
                     if not waiting_for_engines:
-                        log.warning("no engine registered that this worker can use; waiting before claiming work")
+                        log.warning("no engine registered that this worker can use for a whole turn (none, or "
+                                    "none that prefills or decodes); waiting before claiming work")
                     waiting_for_engines = True
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(1.0):
                             await stop.wait()
                     continue
                 if waiting_for_engines:
-                    log.info("an engine is registered; claiming work", extra={"engines": self.fleet.engine_ids})
+                    log.info("engines can serve turns; claiming work", extra={"engines": self.fleet.engine_ids})
                     waiting_for_engines = False
                 if pending is None:
                     free = self.free_slots()
@@ -243,12 +244,13 @@ class Worker:
                 t.cancel()
             await asyncio.gather(*handlers, reaper, prober, beater, return_exceptions=True)
 
-    async def _engines_known(self) -> bool:
-        """Whether the fleet has an engine (registered, of a kind this worker speaks); the registry
-        is read at most every few seconds. Redis away: the claim that follows finds out."""
+    async def _serves_turns(self) -> bool:
+        """Whether the fleet's engines (registered, of a kind this worker speaks) can serve a turn:
+        one takes prefills and one decodes. The registry is read at most every few seconds; Redis
+        away: the claim that follows finds out."""
         with contextlib.suppress(*REDIS_FAULT):
             await self.fleet.refresh()
-        return bool(self.fleet.engine_ids)
+        return self.fleet.serves_turns()
 
     async def _claim(self, n: int) -> list[Claim]:
         """Up to `n` (at most CLAIM_MOST) in one call: a GRPO group's members come together.

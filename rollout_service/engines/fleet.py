@@ -124,6 +124,12 @@ class Fleet:
             self._roles.pop(gone, None)
             await eng.aclose()
 
+    def serves_turns(self) -> bool:
+        """Some engine takes new prefills and some takes decodes: with none registered, or only
+        prefill engines (a role set by hand, engines registered one by one), no turn can run."""
+        roles = [self._roles[e] for e in self._engines if e in self._roles]
+        return any(r.prefills for r in roles) and any(r.decodes for r in roles)
+
     @property
     def roles(self) -> dict[str, Role]:
         """The role of each engine taking new work (draining ones are absent)."""
@@ -185,8 +191,8 @@ class Fleet:
         for _ in range(max(len(self._engines), 1)):
             try:
                 eid = self.policy.route(trajectory_id, self._available(None), self._roles)[0]
-            except NoEngine as e:
-                raise EngineError("no engine registered") from e
+            except NoEngine as e:  # none registered, or none that takes prefills (or decodes)
+                raise EngineError(str(e) if self._engines else "no engine registered") from e
             spec = self._engines[eid][1]
             parser = self._infos[eid].tool_parser if eid in self._infos else "hermes"
             tok = loaded_tokenizer(spec)  # at hand almost always: no thread for it

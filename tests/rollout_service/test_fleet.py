@@ -352,3 +352,22 @@ async def test_an_engine_whose_tokenizer_cannot_load_is_passed_over_and_marks_ex
         await only_bad.chat_for("s-0")
     await fleet.aclose()
     await only_bad.aclose()
+
+
+async def test_a_fleet_whose_engines_only_prefill_serves_no_turn_and_says_why(redis, keys):
+    """With only prefill engines a turn failed as "no engine registered"; it says what is missing."""
+    from rollout_service.engines.base import EngineError
+
+    reg = Registry(redis, keys)
+    fleet = Fleet(registry=reg, refresh_s=0)
+    await fleet.refresh()
+    assert not fleet.serves_turns()
+    await reg.add_engine(EngineInfo(id="p", url="http://127.0.0.1:9", role="prefill"))
+    await fleet.refresh()
+    assert fleet.engine_ids == ["p"] and not fleet.serves_turns()
+    with pytest.raises(EngineError, match="no engine takes decode"):
+        await fleet.chat_for("t-0")
+    await reg.add_engine(EngineInfo(id="d", url="http://127.0.0.1:9", role="decode"))
+    await fleet.refresh()
+    assert fleet.serves_turns()
+    await fleet.aclose()

@@ -638,10 +638,11 @@ async def test_a_cancelled_worker_stops_whenever_the_cancel_lands(redis, keys):
     assert swallowed == 0
 
 
-async def test_a_worker_with_no_engine_registered_leaves_the_batch_queued_until_one_is(settings, redis, keys):
-    """A batch submitted before any engine registered (vLLM still loading) spent each
-    trajectory's attempts in about a second and failed them all as `engine` ("no engine
-    registered"). The worker now waits to claim; the batch runs once an engine registers."""
+async def test_a_worker_with_no_engine_for_a_whole_turn_leaves_the_batch_queued_until_one_is(settings, redis, keys):
+    """A batch submitted before any engine registered (vLLM still loading), or while the only
+    engine prefills, spent each trajectory's attempts in about a second and failed them all as
+    `engine` ("no engine registered"). The worker now waits to claim; the batch runs once an
+    engine can serve a whole turn."""
     from scheduler.registry import Registry
     from tests.rollout_service.test_fleet import start_sim
     from wire import EngineInfo
@@ -654,7 +655,14 @@ async def test_a_worker_with_no_engine_registered_leaves_the_batch_queued_until_
             await asyncio.sleep(2.5)  # longer than the three attempts' back-off took (0.5 s + 1 s)
             st = await store.batch_status(b.id)
             assert st.counts[TrajectoryState.queued] == 3 and st.finished_at is None, st.counts
-            await Registry(redis, keys).add_engine(EngineInfo(id="late", url=url))
+            # an engine that only prefills (a role set by hand, its decode peer not registered yet):
+            # no turn can run either ("no engine takes decode"), so still nothing is claimed
+            reg = Registry(redis, keys)
+            await reg.add_engine(EngineInfo(id="late", url=url, role="prefill"))
+            await asyncio.sleep(3.5)  # the worker reads the registry every 2 s, then 1.5 s of back-off
+            st = await store.batch_status(b.id)
+            assert st.counts[TrajectoryState.queued] == 3 and st.finished_at is None, st.counts
+            await reg.set_role("late", "mixed")
             st = await wait_done(store, b.id)
         assert st.counts[TrajectoryState.completed] == 3, st.counts
         trajs, _ = await store.trajectories(b.id, 0, 10)
