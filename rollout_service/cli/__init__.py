@@ -118,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--engine-gpus", type=gpu_count, default=1, help="GPUs --engine-url's server runs on, its tensor "
                     "parallelism (default 1; `rollout launch-plan` compares engine sizes by it)")
     sp.add_argument("--workers", type=whole(1, 256, "rollout workers"), default=1, help="rollout worker processes (default 1)")
-    sp.add_argument("--env-workers", type=whole(1, 256, "env workers"), default=1, help="env worker processes (default 1)")
+    sp.add_argument("--env-workers", type=whole(0, 256, "env workers"), default=1,
+                    help="env worker processes (default 1; 0: they run elsewhere, on this Redis)")
     sp.add_argument("--engine", choices=["auto", "vllm", "sim"], default="auto",
                     help="auto (default): vLLM on the CPU if `rollout engine prepare` was run, else simulated")
     sp.add_argument("--vllm-model", default="smollm2", choices=["smollm2", "tiny"],
