@@ -11,7 +11,7 @@
     {p}leases                     zset   trajectory id -> lease deadline (ms since epoch)
     {p}delayed                    zset   trajectory id -> when a retry may run again (ms since epoch)
     {p}batches                    zset   batch id -> created at (s)
-    {p}batch:{bid}                hash   state, request json, counts per trajectory state, request fingerprint (with a key)
+    {p}batch:{bid}                hash   state, request json, counts per trajectory state, fingerprint (with a key)
     {p}batch:{bid}:trajs          list   trajectory ids in submission order
     {p}batch:{bid}:events         stream one entry per trajectory reaching a terminal state
     {p}traj:{tid}                 hash   state, spec json, attempts (charged), restarts (ours), lease token, result json

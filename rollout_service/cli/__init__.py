@@ -117,7 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--tokenizer", default="byte", help="local tokenizer folder for --engine-url's model")
     sp.add_argument("--engine-gpus", type=gpu_count, default=1, help="GPUs --engine-url's server runs on, its tensor "
                     "parallelism (default 1; `rollout launch-plan` compares engine sizes by it)")
-    sp.add_argument("--workers", type=whole(1, 256, "rollout workers"), default=1, help="rollout worker processes (default 1)")
+    sp.add_argument("--workers", type=whole(1, 256, "rollout workers"), default=1,
+                    help="rollout worker processes (default 1)")
     sp.add_argument("--env-workers", type=whole(0, 256, "env workers"), default=1,
                     help="env worker processes (default 1; 0: they run elsewhere, on this Redis)")
     sp.add_argument("--engine", choices=["auto", "vllm", "sim"], default="auto",
@@ -150,7 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Every few seconds: sum the workers' demand forecasts, let the allocator "
                                     "decide, publish engine roles (draining first) to the registry.")
     sp.add_argument("--every-s", type=SECONDS, default=5.0, help="seconds between decisions (default 5)")
-    sp.add_argument("--dwell-s", type=at_least(0, "a time in seconds"), default=30.0, help="least time an engine keeps a role (default 30)")
+    sp.add_argument("--dwell-s", type=at_least(0, "a time in seconds"), default=30.0,
+                    help="least time an engine keeps a role (default 30)")
     sp.add_argument("--estimate", choices=ESTIMATES, default=AllocatorConfig().estimate,
                     help="how a layout is priced: the time its prefill and decode sides need (default), or the "
                          "turn rate its closed loop of trajectories sustains (closer to the simulator on dense "
@@ -170,10 +172,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--gpus", type=gpu_count, default=None, help="GPUs of the launch (default: those of the engines "
                     "now)")
     sp.add_argument("--model", default=None, help="served model (default: the engines' one model)")
-    sp.add_argument("--minutes", type=at_least(0, "a time in minutes"), default=0.0, help="plan on the last MINUTES of decisions (default: "
-                    "all recorded, the last 720)")
-    sp.add_argument("--top", type=whole(1, 10_000, "launches to print"), default=10, help="launches to print (default 10)")
-    sp.add_argument("--most", type=whole(1, 1_000, "splits tried"), default=6, help="splits tried per pair of sizes (default 6)")
+    sp.add_argument("--minutes", type=at_least(0, "a time in minutes"), default=0.0,
+                    help="plan on the last MINUTES of decisions (default: all recorded, the last 720)")
+    sp.add_argument("--top", type=whole(1, 10_000, "launches to print"), default=10,
+                    help="launches to print (default 10)")
+    sp.add_argument("--most", type=whole(1, 1_000, "splits tried"), default=6,
+                    help="splits tried per pair of sizes (default 6)")
     sp.add_argument("--json", action="store_true", help="print JSON instead of a table")
     sp.set_defaults(fn=cmd_launch_plan)
 
@@ -242,7 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = client_cmd("status", "show batches (or one batch)", cmd_status)
     sp.add_argument("batch", nargs="?", help="a batch id (default: the latest batches)")
     sp.add_argument("--detail", action="store_true", help="with a batch: rewards, turns, tokens, failures")
-    sp.add_argument("--limit", type=whole(1, 200, "batches to list"), default=20, help="how many batches to list (default 20)")
+    sp.add_argument("--limit", type=whole(1, 200, "batches to list"), default=20,
+                    help="how many batches to list (default 20)")
 
     sp = client_cmd("cancel", "cancel a batch", cmd_cancel)
     sp.add_argument("batch", help="the batch id")
@@ -282,7 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="model-side replay instead: re-sample every recorded turn (its context and seed) on this "
                          "vLLM server and report the divergence rate")
     sp.add_argument("--model", default="default", help="--engine-url's served model name (default 'default')")
-    sp.add_argument("--concurrency", type=whole(1, 10_000, "requests in flight"), default=8, help="--engine-url: requests in flight (default 8)")
+    sp.add_argument("--concurrency", type=whole(1, 10_000, "requests in flight"), default=8,
+                    help="--engine-url: requests in flight (default 8)")
     sp.add_argument("--json", help="also write the per-trajectory (per-turn with --engine-url) results here")
     sp.set_defaults(fn=cmd_replay)
 
