@@ -43,6 +43,11 @@ def _msg(e: dict) -> str:
     return f"{e.get('msg', '')}: {why}" if why else e.get("msg", "")
 
 
+def _branch(part) -> bool:
+    """A union branch's label in an error's location (`function-after[...]`, `list[...]`), not a field."""
+    return isinstance(part, str) and ("[" in part or "(" in part)
+
+
 def install(app) -> None:  # app: fastapi.FastAPI (kept untyped: this module must not need fastapi)
     from fastapi.encoders import jsonable_encoder
     from fastapi.exceptions import RequestValidationError
@@ -57,10 +62,12 @@ def install(app) -> None:  # app: fastapi.FastAPI (kept untyped: this module mus
     async def _invalid(_req, exc: RequestValidationError):
         details = [{"loc": list(e.get("loc", ())), "msg": _msg(e), "type": e.get("type", "")} for e in exc.errors()]
         # One problem in the message itself (clients, OpenAI's SDK and agents, show only that):
-        # an unsupported feature first, which says more than the other branches of a union.
-        first = next((d for d in details if d["type"] == "unsupported"), details[0] if details else
-                     {"loc": [], "msg": ""})
-        where = ".".join(str(p) for p in first["loc"])
+        # an unsupported feature first, then one that is not a mere type mismatch: a union tries
+        # each branch, and `[]` for `str | list` said "Input should be a valid string".
+        first = next((d for d in details if d["type"] == "unsupported"), None) or \
+            next((d for d in details if not d["type"].endswith("_type")), None) or \
+            (details[0] if details else {"loc": [], "msg": ""})
+        where = ".".join(str(p) for p in first["loc"] if not _branch(p))
         return JSONResponse(body("invalid_request", f"request failed validation: {where}: {first['msg']}",
                                  jsonable_encoder(details)), status_code=422)
 

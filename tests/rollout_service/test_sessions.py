@@ -89,6 +89,12 @@ def test_unsupported_fields_are_422_naming_them(gateway, engine):
         with pytest.raises(openai.UnprocessableEntityError) as e:
             client.chat.completions.create(model="sim", messages=msgs, extra_body=wrong)
         assert next(iter(wrong)) in e.value.body["message"], e.value.body
+    # a union's mismatched branch is not what the message names: `[]` for `str | list` said
+    # "body.input.str: Input should be a valid string"; the list branch's own complaint now
+    with pytest.raises(openai.UnprocessableEntityError) as e:
+        client.responses.create(model="sim", input=[])
+    assert e.value.body["message"] == "request failed validation: body.input: Value should have at least 1 item " \
+        "after validation, not 0", e.value.body
     # neutral values and fields that change nothing sampled pass
     ok = client.chat.completions.create(model="sim", messages=msgs, frequency_penalty=0, store=True, user="u",
                                         metadata={"k": "v"}, parallel_tool_calls=True)
