@@ -246,9 +246,10 @@ class Worker:
 
     async def _serves_turns(self) -> bool:
         """Whether the fleet's engines (registered, of a kind this worker speaks) can serve a turn:
-        one takes prefills and one decodes. The registry is read at most every few seconds; Redis
-        away: the claim that follows finds out."""
-        with contextlib.suppress(*REDIS_FAULT):
+        one takes prefills and one decodes. The registry is read at most every few seconds. A read
+        that fails leaves what was read before (Redis away: the claim that follows finds out; any
+        other failure: the prober logs it every probe), never ends the loop."""
+        with contextlib.suppress(Exception):
             await self.fleet.refresh()
         return self.fleet.serves_turns()
 
