@@ -119,7 +119,15 @@ local function finish(p, tid, new_state, result, reward, failure, now, ready_ms)
   if reward ~= '' then redis.call('HSET', tkey, 'reward', reward) end
   if failure ~= '' then redis.call('HSET', tkey, 'failure', failure) end
   redis.call('HINCRBY', p .. 'stats', 'finished:' .. new_state, 1)
-  if failure ~= '' then redis.call('HINCRBY', p .. 'stats', 'failure:' .. cjson.decode(failure)['kind'], 1) end
+  if failure ~= '' then
+    local kind = cjson.decode(failure)['kind']
+    redis.call('HINCRBY', p .. 'stats', 'failure:' .. kind, 1)
+    redis.call('HINCRBY', bkey, 'failure:' .. kind, 1)  -- the batch's own totals (`Store.batch_status`)
+  end
+  if reward ~= '' then
+    redis.call('HINCRBYFLOAT', bkey, 'sum:reward', reward)
+    redis.call('HINCRBY', bkey, 'sum:rewarded', 1)
+  end
   local done = redis.call('HINCRBY', bkey, 'n_done', 1)
   redis.call('XADD', p .. 'batch:' .. bid .. ':events', '*', 'tid', tid, 'state', new_state,
              'reward', reward, 'failure', failure)
@@ -161,7 +169,7 @@ local bid = ARGV[3]
 local bkey = p .. 'batch:' .. bid
 local r = rank(p, ARGV[11], ARGV[5], ARGV[12], ARGV[13])
 redis.call('HSET', bkey, 'state', 'queued', 'params', ARGV[4], 'created_at', ARGV[5], 'total', ARGV[6],
-           'n_done', 0, 'n:queued', ARGV[6], 'tenant', tenant, 'rank', r)
+           'n_done', 0, 'n:queued', ARGV[6], 'tenant', tenant, 'rank', r, 'sum:turns', 0)  -- (totals kept)
 if ARGV[16] ~= '' then redis.call('HSET', bkey, 'fingerprint', ARGV[16]) end
 redis.call('ZADD', p .. 'batches', ARGV[5], bid)
 redis.call('ZADD', p .. 'tenant:' .. tenant .. ':batches', ARGV[5], bid)
@@ -309,7 +317,8 @@ FINISH = FINISH_FN + """
 -- trajectory: tid, token, new_state, result, reward, failure, now, ready ms (retry back-off),
 -- counter to charge on a requeue ('attempts': the trajectory's retry budget; 'restarts': our
 -- fault; ''), and the stats counted with the finish as 'field=n,field=n' ('' for none), in the
--- same step: a reader that sees the terminal event sees its tokens and prefill times counted too.
+-- same step: a reader that sees the terminal event sees its tokens and prefill times counted too
+-- (tokens and turns in its batch's totals as well).
 -- Returns one 1 (recorded) or 0 (the token no longer holds the lease) per trajectory.
 local p = ARGV[1]
 local out = {}
@@ -324,8 +333,13 @@ for _, it in ipairs(cmsgpack.unpack(ARGV[2])) do
       redis.call('HINCRBY', p .. 'stats', it[9], 1)
     end
     if ok == 1 then
+      local bkey = nil
       for field, n in string.gmatch(it[10], '([^=,]+)=([^,]+)') do
         redis.call('HINCRBY', p .. 'stats', field, n)
+        if field == 'turns' or field == 'turned' or string.sub(field, 1, 7) == 'tokens:' then  -- the batch's too
+          bkey = bkey or (p .. 'batch:' .. redis.call('HGET', tkey, 'batch'))
+          redis.call('HINCRBY', bkey, 'sum:' .. field, n)
+        end
       end
     end
   elseif result ~= '' and redis.call('HGET', tkey, 'result') == result then

@@ -89,8 +89,8 @@ class LeaseLost(Exception):
 
 
 def _finish_stats(traj: Trajectory) -> str:
-    """What a finish adds to `{p}stats`: the tokens, and the prefill histogram (a bucket per
-    turn, and the sum)."""
+    """What a finish adds to `{p}stats`: the tokens, the turns, and the prefill histogram (a
+    bucket per turn, and the sum). Tokens and turns go to the batch's totals too."""
     sampled = prompt = prefill_us = 0
     buckets: dict[str, int] = {}
     for t in traj.turns:
@@ -101,6 +101,8 @@ def _finish_stats(traj: Trajectory) -> str:
         buckets[key] = buckets.get(key, 0) + 1
         prefill_us += round(s * 1e6)
     stats = f"tokens:sampled={sampled},tokens:prompt={prompt},prefill_sum_us={prefill_us}"
+    if traj.turns:  # (the batch's totals: turns, and how many trajectories took any)
+        stats += f",turns={len(traj.turns)},turned=1"
     for key, n in buckets.items():
         stats += f",{key}={n}"
     return stats

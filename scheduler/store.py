@@ -21,6 +21,7 @@ from scheduler.results import RedisResults, ResultStore, plain
 from wire import (
     BatchState,
     BatchStatus,
+    BatchTotals,
     Failure,
     GroupStatus,
     RolloutRequest,
@@ -81,7 +82,7 @@ class Store:
             id=bid, state=BatchState(h["state"]), env=params["env"], num_trajectories=int(h["total"]),
             counts=counts, created_at=float(h["created_at"]),
             finished_at=float(h["finished_at"]) if h.get("finished_at") else None,
-            metadata=params.get("metadata", {}), tenant=h.get("tenant", "default"),
+            metadata=params.get("metadata", {}), tenant=h.get("tenant", "default"), totals=_totals(h),
         )
 
     async def list_batches(self, limit: int = 50, tenant: str | None = None) -> list[str]:
@@ -253,3 +254,15 @@ class Store:
         if len(self._params) > PARAMS_CACHED:
             self._params.popitem(last=False)
         return req
+
+
+def _totals(h: dict[str, str]) -> BatchTotals | None:
+    """The batch's totals from its hash (the finishing script keeps them); None before they were."""
+    if "sum:turns" not in h:
+        return None
+    rewarded = int(h.get("sum:rewarded", 0))
+    return BatchTotals(
+        turns=int(h["sum:turns"]), turned=int(h.get("sum:turned", 0)),
+        sampled_tokens=int(h.get("sum:tokens:sampled", 0)), prompt_tokens=int(h.get("sum:tokens:prompt", 0)),
+        rewarded=rewarded, mean_reward=float(h["sum:reward"]) / rewarded if rewarded else None,
+        failures={k[len("failure:"):]: int(v) for k, v in h.items() if k.startswith("failure:")})

@@ -41,6 +41,7 @@ from wire.batches import (
     BatchCreated,
     BatchState,
     BatchStatus,
+    BatchTotals,
     Failure,
     FailureKind,
     GroupStatus,
@@ -55,7 +56,14 @@ from wire.batches import (
     Turn,
     TurnTimings,
 )
-from wire.engines import EngineInfo, EngineRoleUpdate, EngineStatus, EngineUpdateResult, WeightUpdate, WeightUpdateResult
+from wire.engines import (
+    EngineInfo,
+    EngineRoleUpdate,
+    EngineStatus,
+    EngineUpdateResult,
+    WeightUpdate,
+    WeightUpdateResult,
+)
 from wire.envs import EnvAction, EnvOpen, EnvOpened, EnvStepped, WorkerInfo
 from wire.errors import ApiError, Conflict, ErrorBody, ErrorResponse, NotFound, Overloaded, error_body
 from wire.packed import PackedTrajectory, PackedTurn, TrainingArrays
@@ -72,8 +80,9 @@ from wire.sessions import (
 
 __all__ = [
     "MAX_GROUP_SIZE", "MAX_TOKENS_PER_TURN", "MAX_TURNS", "TERMINAL_STATES", "USABLE_STATES", "ApiError",
-    "ApiKeyCreate", "ApiKeyCreated", "BatchCreated", "BatchState", "BatchStatus", "ChatCompletionRequest",
-    "ChatMessageIn", "Conflict", "EngineInfo", "EngineRoleUpdate", "EngineStatus", "EngineUpdateResult", "EnvAction", "EnvOpen",
+    "ApiKeyCreate", "ApiKeyCreated", "BatchCreated", "BatchState", "BatchStatus", "BatchTotals",
+    "ChatCompletionRequest", "ChatMessageIn", "Conflict", "EngineInfo", "EngineRoleUpdate", "EngineStatus",
+    "EngineUpdateResult", "EnvAction", "EnvOpen",
     "EnvOpened", "EnvStepped", "ErrorBody", "ErrorResponse", "Failure", "FailureKind", "FunctionCall", "GroupStatus",
     "Input", "Int", "Message", "NotFound", "Overloaded", "PackedTrajectory", "PackedTurn", "TrainingArrays", "RecordedStep", "RecordedTrajectory", "RecordingHeader",
     "ResponsesRequest", "RolloutRequest", "Sample",

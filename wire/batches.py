@@ -232,6 +232,18 @@ class BatchCreated(Wire):
     created: bool = Field(description="False when an earlier batch with this idempotency key was returned.")
 
 
+class BatchTotals(Wire):
+    """What a batch's finished trajectories add up to, kept as they finish (no trajectory read)."""
+
+    turns: int = Field(description="turns of every finished trajectory")
+    turned: int = Field(description="finished trajectories with at least one turn")
+    sampled_tokens: int
+    prompt_tokens: int = Field(description="tokens the trajectories' turns added to their contexts (not sampled)")
+    rewarded: int = Field(description="finished trajectories with a reward")
+    mean_reward: float | None = Field(description="over the rewarded ones; None while none is")
+    failures: dict[str, int] = Field(description="failed or cancelled trajectories by failure kind")
+
+
 class BatchStatus(Wire):
     id: str
     state: BatchState
@@ -242,6 +254,7 @@ class BatchStatus(Wire):
     finished_at: float | None = None
     metadata: dict[str, str] = Field(default_factory=dict)
     tenant: str = "default"
+    totals: BatchTotals | None = Field(None, description="None for a batch queued before totals were kept")
 
     @property
     def done(self) -> int:

@@ -93,26 +93,39 @@ def cmd_submit(args) -> None:
 
 
 def _summary(c, bid: str, elapsed: float) -> None:
+    """The batch's table, from its totals (kept by the gateway as trajectories finish: nothing
+    read however large the batch); a batch from before totals were kept is read whole."""
     st = c.status(bid)
-    trajs = list(c.trajectories(bid))
-    rewards = [t.reward for t in trajs if t.reward is not None]
-    turns = [len(t.turns) for t in trajs if t.turns]
-    tokens = sum(len(t.token_ids) for t in trajs)
-    sampled = sum(sum(len(x.output_ids) for x in t.turns) for t in trajs)
-    kinds: dict[str, int] = {}
-    for t in trajs:
-        if t.failure:
-            kinds[t.failure.kind.value] = kinds.get(t.failure.kind.value, 0) + 1
+    tot = st.totals or _totals(c.trajectories(bid))
     table = Table(title=f"batch {bid} — {st.state.value}", show_header=False)
     for state, n in st.counts.items():
         if n:
             table.add_row(state.value, str(n))
-    table.add_row("mean reward", f"{sum(rewards) / len(rewards):.3f}" if rewards else "-")
-    table.add_row("mean turns", f"{sum(turns) / len(turns):.2f}" if turns else "-")
-    table.add_row("tokens (sampled / total)", f"{sampled} / {tokens}")
-    table.add_row("failures", ", ".join(f"{k}: {n}" for k, n in kinds.items()) or "none")
+    table.add_row("mean reward", f"{tot.mean_reward:.3f}" if tot.mean_reward is not None else "-")
+    table.add_row("mean turns", f"{tot.turns / tot.turned:.2f}" if tot.turned else "-")
+    table.add_row("tokens (sampled / total)", f"{tot.sampled_tokens} / {tot.sampled_tokens + tot.prompt_tokens}")
+    table.add_row("failures", ", ".join(f"{k}: {n}" for k, n in sorted(tot.failures.items())) or "none")
     table.add_row("elapsed", f"{elapsed:.1f} s")
     console.print(table)
+
+
+def _totals(trajs):
+    """`BatchTotals` counted from the trajectories themselves."""
+    from wire import BatchTotals
+
+    turns = sampled = prompt = turned = 0
+    rewards, kinds = [], {}
+    for t in trajs:
+        turned += bool(t.turns)
+        turns += len(t.turns)
+        sampled += sum(len(x.output_ids) for x in t.turns)
+        prompt += sum(len(x.prompt_ids) for x in t.turns)
+        if t.reward is not None:
+            rewards.append(t.reward)
+        if t.failure:
+            kinds[t.failure.kind.value] = kinds.get(t.failure.kind.value, 0) + 1
+    return BatchTotals(turns=turns, turned=turned, sampled_tokens=sampled, prompt_tokens=prompt, rewarded=len(rewards),
+                       mean_reward=sum(rewards) / len(rewards) if rewards else None, failures=kinds)
 
 
 def cmd_status(args) -> None:

@@ -670,3 +670,28 @@ async def test_a_worker_with_no_engine_for_a_whole_turn_leaves_the_batch_queued_
     finally:
         proc.kill()
         proc.wait()
+
+
+async def test_a_batch_keeps_its_totals_as_its_trajectories_finish(settings, redis, keys):
+    """`rollout submit --wait` read every trajectory of the batch (every token) to print its
+    summary: a 10,000-trajectory SWE batch meant gigabytes. The finishing script now keeps the
+    batch's totals, equal to what the trajectories add up to, failures and cancels included."""
+    from rollout_service.cli.admin import _totals
+
+    q, store = Queue(redis, keys), Store(redis, keys)
+    tasks = [{"seed": 1}, {"seed": 2}, {"no": "question"}, {"seed": 4}]  # the third: rejected by the env
+    b = await q.enqueue(RolloutRequest(tasks=tasks, env="calc", group_size=3))
+    assert (await store.batch_status(b.id)).totals == _totals([])  # kept from the start: all zero
+    with RunningWorker(settings):
+        await wait_done(store, b.id)
+    st = await store.batch_status(b.id)
+    trajs, _ = await store.trajectories(b.id, 0, 100)
+    assert st.totals == _totals(trajs) and st.totals.failures == {"rejected": 3}, st.totals
+    assert st.totals.sampled_tokens + st.totals.prompt_tokens == sum(len(t.token_ids) for t in trajs)
+    assert st.totals.turns > st.totals.turned == 9 and st.totals.rewarded == 9
+    cancelled = await q.enqueue(RolloutRequest(tasks=[{"seed": 1}], env="calc", group_size=2))
+    await q.cancel(cancelled.id)
+    st = await store.batch_status(cancelled.id)
+    assert st.totals.failures == {"cancelled": 2} and st.totals.turns == 0 and st.totals.mean_reward is None
+    await redis.hdel(keys.batch(cancelled.id), "sum:turns")  # a batch queued before totals were kept
+    assert (await store.batch_status(cancelled.id)).totals is None
