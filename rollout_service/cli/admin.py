@@ -167,6 +167,12 @@ def _fleet_table(c) -> None:
         for eid, (role, ok) in sorted(up.items()):
             e.add_row(eid, role, "yes" if ok else "[red]no[/]", f"{load.get(eid, 0):.0f}")
         console.print(e)
+    roles = {role for role, _ in up.values()}
+    missing = [half for half, takes in (("prefills", {"prefill", "mixed"}), ("decodes", {"decode", "mixed"}))
+               if not roles & takes]
+    if missing and one.get("rollout_queue_depth", 0):  # what rollout workers wait for before they claim
+        console.print(f"[yellow]no engine {'registered' if not up else 'takes ' + ' or '.join(missing)}: "
+                      "queued trajectories wait for one (`rollout engines add`)[/]")
 
 
 def _status_table(rows) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import httpx
@@ -287,6 +288,12 @@ def test_status_cli_renders_the_metrics(gateway, settings):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "queue depth" in out.stdout and "completed: 6" in out.stdout and bid[:8] in out.stdout
+    assert "no engine" not in out.stdout
+    # trajectories queued and no engine registered: the workers wait for one, and status says so
+    httpx.post(f"{gateway.url}/v1/batches", json=BATCH)
+    out = subprocess.run([sys.executable, "-m", "rollout_service.cli", "status", "--url", gateway.url],
+                         capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})
+    assert "no engine registered: queued trajectories wait for one" in out.stdout, out.stdout
 
 
 def test_lifecycle_phases_and_forecast_reach_metrics(gateway, settings):
