@@ -124,7 +124,8 @@ local function finish(p, tid, new_state, result, reward, failure, now, ready_ms)
     redis.call('HINCRBY', p .. 'stats', 'failure:' .. kind, 1)
     redis.call('HINCRBY', bkey, 'failure:' .. kind, 1)  -- the batch's own totals (`Store.batch_status`)
   end
-  if reward ~= '' then
+  local r = tonumber(reward)
+  if r and r == r and r ~= 1/0 and r ~= -1/0 then  -- (a NaN would fail HINCRBYFLOAT, and the script with it)
     redis.call('HINCRBYFLOAT', bkey, 'sum:reward', reward)
     redis.call('HINCRBY', bkey, 'sum:rewarded', 1)
   end

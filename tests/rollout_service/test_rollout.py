@@ -226,3 +226,45 @@ async def test_tool_failure_is_recorded_on_the_turn():
     traj = await run_episode(work(env="slow_tool", task={}, max_turns=2), fleet(SimEngine()), LocalEnvs())
     assert traj.failure is None and traj.state is TrajectoryState.truncated
     assert [t.tool_failure for t in traj.turns] == ["timeout", "timeout"]
+
+
+class NanReward:
+    """An environment whose reward code fails on some output: a NaN reward."""
+
+    def reset(self, task, seed=None):
+        from wire import Message
+
+        return [Message(role="user", content="go")], {}
+
+    def step(self, action):
+        from env_workers.env import StepResult
+
+        return StepResult([], float("nan"), True, False)
+
+    def close(self):
+        pass
+
+
+async def test_a_reward_that_is_not_a_finite_number_fails_the_trajectory_as_the_envs(redis, keys):
+    """A NaN reward was recorded as the trajectory's reward; with the batch's totals kept by the
+    finishing script it made that script fail half way (the batch never finished). It is the
+    environment's fault, said as such; and a NaN that reaches the queue anyway is kept out of
+    the totals."""
+    from env_workers.registry import EnvSpec, names, register
+    from scheduler.queue import Queue
+    from scheduler.store import Store
+    from wire import RolloutRequest, Trajectory
+
+    if "nan_reward" not in names():
+        register(EnvSpec("nan_reward", NanReward, "test: a NaN reward", example_tasks=[{}]))
+    traj = await run_episode(work(env="nan_reward", task={}), fleet(SimEngine()), LocalEnvs())
+    assert traj.state is TrajectoryState.failed and traj.failure.kind is FailureKind.env
+    assert "reward of nan, not a finite number" in traj.failure.message and traj.reward is None
+    q, store = Queue(redis, keys), Store(redis, keys)
+    b = await q.enqueue(RolloutRequest(tasks=[{}, {}], env="math"))
+    for c, reward in zip(await q.claim_many("w", 2), (float("nan"), 0.5)):
+        t = Trajectory(id=c.trajectory_id, batch_id=b.id, group_index=0, sample_index=0, env="math", task={},
+                       state=TrajectoryState.completed, reward=reward)
+        assert await q.complete(c, t)
+    st = await store.batch_status(b.id)
+    assert st.finished_at is not None and st.totals.rewarded == 1 and st.totals.mean_reward == 0.5
