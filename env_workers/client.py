@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import httpx
 
 from env_workers import registry
-from env_workers.env import Env, EnvError, EnvUnavailable, SandboxUnavailable, StepResult
+from env_workers.env import Env, EnvError, EnvUnavailable, SandboxUnavailable, StepResult, checked_step
 from wire.base import Message
 from wire.envs import EnvOpened, EnvStepped
 
@@ -84,7 +84,7 @@ class LocalEnvs:
     async def step(self, h: EnvHandle, action: str) -> StepResult:
         e, inline = self._envs[h.session_id]
         try:
-            return await _call(inline, e.step, action)
+            return checked_step(await _call(inline, e.step, action))
         except EnvError as err:
             raise EnvRejected(str(err)) from err
 

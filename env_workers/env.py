@@ -15,6 +15,7 @@ episode) and acquire sandboxes through it only when the model first calls a tool
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -49,3 +50,12 @@ class EnvUnavailable(Exception):
 class SandboxUnavailable(EnvUnavailable):
     """No sandbox could be had (pool exhausted after its bounded wait, start failed) or the
     sandbox broke under the episode: an infrastructure failure of kind `sandbox`."""
+
+
+def checked_step(r: StepResult) -> StepResult:
+    """A step's result as the protocol has it: a reward that is a finite number. A NaN reached
+    the trajectory's reward in this process, and went over HTTP as null (then failed to parse,
+    blamed on us); either way the environment's reward code failed: EnvUnavailable, kind `env`."""
+    if not isinstance(r.reward, int | float) or not math.isfinite(r.reward):
+        raise EnvUnavailable(f"the environment returned a reward of {r.reward!r}, not a finite number")
+    return r

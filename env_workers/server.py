@@ -47,7 +47,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from env_workers import adapters, registry
-from env_workers.env import Env, EnvError, EnvUnavailable, SandboxUnavailable
+from env_workers.env import Env, EnvError, EnvUnavailable, SandboxUnavailable, checked_step
 from env_workers.registry import EnvPackageMissing, EnvUnadaptable, UnknownEnv
 from env_workers.resources import Pools, PoolSize
 from wire.envs import EnvAction, EnvOpen, EnvOpened, EnvStepped, WorkerInfo
@@ -311,7 +311,7 @@ def create_app(max_sessions: int = 1024, idle_s: float = 600.0,
         async with sess.lock:
             sess.last_used = time.monotonic()
             try:
-                r = await _call(sess.inline, sess.env.step, body.action)
+                r = checked_step(await _call(sess.inline, sess.env.step, body.action))
             except Exception as e:  # noqa: BLE001 - as in open_session
                 raise _api_error(e) from e
             finally:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import math
 import time
 from collections.abc import Awaitable, Callable
 
@@ -135,8 +134,6 @@ async def _loop(traj: Trajectory, work: Work, fleet: Fleet, envs: EnvBackend, at
             t_tool = time.monotonic()
             step = await envs.step(handle, action)
             turn.timings.tool_s = time.monotonic() - t_tool
-            if not math.isfinite(step.reward):  # the env's reward code failed; no loss can take it
-                raise EnvUnavailable(f"the environment returned a reward of {step.reward!r}, not a finite number")
             turn.reward = step.reward
             turn.tool_failure = step.info.get("tool_failure")
             traj.messages += step.observation

@@ -62,6 +62,26 @@ def test_session_cap_is_backpressure(env_server):
         assert over.status_code == 429 and over.json()["error"]["code"] == "overloaded"
 
 
+async def test_a_reward_that_is_not_a_finite_number_is_the_envs_failure_over_http_too(env_server):
+    """Served, a NaN reward went out as null, and the rollout worker's parse of the reply failed:
+    the trajectory was blamed on us (`internal`). Now the env worker says what its env did."""
+    from env_workers.client import EnvUnavailable
+    from env_workers.registry import EnvSpec, names, register
+    from tests.rollout_service.test_rollout import NanReward
+
+    if "nan_reward" not in names():
+        register(EnvSpec("nan_reward", NanReward, "test: a NaN reward", example_tasks=[{}]))
+    envs = RemoteEnvs(lambda env: _at(env_server.url))
+    h, _ = await envs.open("nan_reward", {}, None)
+    with pytest.raises(EnvUnavailable, match="reward of nan, not a finite number"):
+        await envs.step(h, "anything")
+    await envs.aclose()
+
+
+async def _at(url: str) -> str:
+    return url
+
+
 async def test_remote_envs_client(env_server):
     async def pick(env):
         return env_server.url
