@@ -53,18 +53,7 @@ from rollout_service.cli.replay import cmd_replay
 from scheduler.allocator import ESTIMATES, AllocatorConfig
 
 
-def gpu_count(text: str) -> int:
-    """An engine's GPUs (1-4096): refused by the parser, not by the registry afterwards."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if not 1 <= n <= 4096:
-        raise argparse.ArgumentTypeError(f"{n}: an engine runs on 1 to 4096 GPUs")
-    return n
-
-
-def whole(lo: int, hi: int, what: str):
+def whole(lo: int, hi: int, what: str, unit: str = ""):
     """An argparse type: a whole number in [lo, hi], refused by the parser saying so (a port past
     65535 or a count below 1 ended in a traceback, or in a service that never ran anything)."""
     def parse(text: str) -> int:
@@ -73,7 +62,7 @@ def whole(lo: int, hi: int, what: str):
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
         if not lo <= n <= hi:
-            raise argparse.ArgumentTypeError(f"{n}: {what} must be {lo} to {hi}")
+            raise argparse.ArgumentTypeError(f"{n}: {what} must be {lo} to {hi}{unit}")
         return n
     return parse
 
@@ -92,6 +81,7 @@ def at_least(lo: float, what: str, strict: bool = False):
 
 
 PORT = whole(1, 65535, "a port")
+GPUS = whole(1, 4096, "an engine's size", " GPUs")  # refused by the parser, not by the registry afterwards
 SECONDS = at_least(0, "a time in seconds", strict=True)
 
 
@@ -115,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--engine-url", help="an OpenAI-compatible (vLLM) server to use instead of the simulated engine")
     sp.add_argument("--model", default="default", help="served model name of --engine-url")
     sp.add_argument("--tokenizer", default="byte", help="local tokenizer folder for --engine-url's model")
-    sp.add_argument("--engine-gpus", type=gpu_count, default=1, help="GPUs --engine-url's server runs on, its tensor "
+    sp.add_argument("--engine-gpus", type=GPUS, default=1, help="GPUs --engine-url's server runs on, its tensor "
                     "parallelism (default 1; `rollout launch-plan` compares engine sizes by it)")
     sp.add_argument("--workers", type=whole(1, 256, "rollout workers"), default=1,
                     help="rollout worker processes (default 1)")
@@ -169,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "the speed it measured on engines of each size (Redis: $ROLLOUT_REDIS_URL), rank "
                                     "the launches of --gpus GPUs: colocated, split, and split with prefill and decode "
                                     "engines of different sizes. Only measured sizes are compared.")
-    sp.add_argument("--gpus", type=gpu_count, default=None, help="GPUs of the launch (default: those of the engines "
+    sp.add_argument("--gpus", type=GPUS, default=None, help="GPUs of the launch (default: those of the engines "
                     "now)")
     sp.add_argument("--model", default=None, help="served model (default: the engines' one model)")
     sp.add_argument("--minutes", type=at_least(0, "a time in minutes"), default=0.0,
@@ -260,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--model", default="default", help="served model name (add)")
     sp.add_argument("--tokenizer", default="byte", help="'byte' or a local tokenizer folder (add)")
     sp.add_argument("--kind", default="vllm", help="engine kind: which client speaks to it (add; default vllm)")
-    sp.add_argument("--gpus", type=gpu_count, default=1, help="GPUs the engine runs on: its tensor parallelism (add; "
+    sp.add_argument("--gpus", type=GPUS, default=1, help="GPUs the engine runs on: its tensor parallelism (add; "
                     "default 1; launch-plan compares sizes by it)")
 
     client_cmd("workers", "list live env workers", cmd_workers)

@@ -141,14 +141,12 @@ class Fleet:
         ids = list(self._engines)
         ok = await asyncio.gather(*(self._engines[e][0].health() for e in ids), return_exceptions=True)
         for eid, healthy in zip(ids, ok):
-            if healthy is True and eid in self._down:  # back, perhaps restarted with another context
+            if healthy is not True:
+                self._mark_down(eid)
+            elif self._down.pop(eid, None) is not None:  # back, perhaps restarted with another context
                 forget = getattr(self._engines[eid][0], "forget_context", None)
                 if forget is not None:
                     forget()
-            if healthy is True:
-                self._down.pop(eid, None)
-            else:
-                self._mark_down(eid)
         await self._detect([e for e in ids if not self._is_down(e) and e in self._infos and self._infos[e].kv is None])
 
     async def _detect(self, ids: list[str]) -> None:
@@ -174,7 +172,10 @@ class Fleet:
     def _available(self, tokenizer: str | None) -> dict[str, int]:
         able = {e: self._load.get(e, 0) for e, (_, tok) in self._engines.items()
                 if tokenizer is None or tok == tokenizer}
-        healthy = {e: n for e, n in able.items() if not self._is_down(e)}
+        if not self._down:  # (every turn comes here twice: no clock read while nothing failed)
+            return able
+        recent = time.monotonic() - DOWN_S
+        healthy = {e: n for e, n in able.items() if self._down.get(e, recent) <= recent}
         return healthy or able
 
     async def tokenizer_for(self, trajectory_id: str) -> tuple[str, Tokenizer]:
