@@ -156,6 +156,7 @@ class Worker:
         # (the next claim overlaps the write), up to as many again as `concurrency`.
         self._writing: set[asyncio.Task] = set()
         self._slot_freed = asyncio.Event()
+        self._waiting_for_engines = False  # (said once per wait: `_engines_ready`)
         self.finished = 0
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -175,27 +176,12 @@ class Worker:
                     await backoff.wait()
             event_loop = asyncio.get_running_loop()
             pending: asyncio.Future | None = None  # a claim sent before the last claim's episodes started
-            waiting_for_engines = False
             while not stop.is_set():
                 cancel_point()
                 for loop in (reaper, prober, beater):
                     if loop.done():
                         raise LoopDied(f"background loop {loop.get_coro().__name__} ended") from (
                             None if loop.cancelled() else loop.exception())
-                if pending is None and not await self._serves_turns():
-                    # Claimed now, every trajectory would spend its attempts in a second and fail
-                    # as `engine` (a batch submitted while the engines still load): it stays queued.
-                    if not waiting_for_engines:
-                        log.warning("no engine registered that this worker can use for a whole turn (none, or "
-                                    "none that prefills or decodes); waiting before claiming work")
-                    waiting_for_engines = True
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(1.0):
-                            await stop.wait()
-                    continue
-                if waiting_for_engines:
-                    log.info("engines can serve turns; claiming work", extra={"engines": self.fleet.engine_ids})
-                    waiting_for_engines = False
                 if pending is None:
                     free = self.free_slots()
                     if not free:  # full: until a slot frees (O(1), however many run)
@@ -203,6 +189,8 @@ class Worker:
                         with contextlib.suppress(TimeoutError):
                             async with asyncio.timeout(1.0):
                                 await self._slot_freed.wait()
+                        continue
+                    if not await self._engines_ready(stop):
                         continue
                     pending = asyncio.ensure_future(self._claim(free))
                 try:
@@ -244,14 +232,28 @@ class Worker:
                 t.cancel()
             await asyncio.gather(*handlers, reaper, prober, beater, return_exceptions=True)
 
-    async def _serves_turns(self) -> bool:
+    async def _engines_ready(self, stop: asyncio.Event) -> bool:
         """Whether the fleet's engines (registered, of a kind this worker speaks) can serve a turn:
-        one takes prefills and one decodes. The registry is read at most every few seconds. A read
-        that fails leaves what was read before (Redis away: the claim that follows finds out; any
-        other failure: the prober logs it every probe), never ends the loop."""
+        one takes prefills and one decodes. If not, wait a second and say so (once): claimed now,
+        every trajectory would spend its attempts in a second and fail as `engine` (a batch
+        submitted while the engines still load); it stays queued instead. The registry is read at
+        most every few seconds; a read that fails leaves what was read before (Redis away: the
+        claim that follows finds out; any other failure: the prober logs it), never ends the loop."""
         with contextlib.suppress(Exception):
             await self.fleet.refresh()
-        return self.fleet.serves_turns()
+        if self.fleet.serves_turns():
+            if self._waiting_for_engines:
+                log.info("engines can serve turns; claiming work", extra={"engines": self.fleet.engine_ids})
+                self._waiting_for_engines = False
+            return True
+        if not self._waiting_for_engines:
+            log.warning("no engine registered that this worker can use for a whole turn (none, or none that "
+                        "prefills or decodes); waiting before claiming work")
+            self._waiting_for_engines = True
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(1.0):
+                await stop.wait()
+        return False
 
     async def _claim(self, n: int) -> list[Claim]:
         """Up to `n` (at most CLAIM_MOST) in one call: a GRPO group's members come together.
