@@ -15,6 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from rollout_service.cli._console import console
+from scheduler.roles import Role
 
 
 def _url(args) -> str:
@@ -167,9 +168,9 @@ def _fleet_table(c) -> None:
         for eid, (role, ok) in sorted(up.items()):
             e.add_row(eid, role, "yes" if ok else "[red]no[/]", f"{load.get(eid, 0):.0f}")
         console.print(e)
-    roles = {role for role, _ in up.values()}
-    missing = [half for half, takes in (("prefills", {"prefill", "mixed"}), ("decodes", {"decode", "mixed"}))
-               if not roles & takes]
+    roles = [Role(role) for role, _ in up.values()]
+    missing = [half for half, some in (("prefills", any(r.prefills for r in roles)),
+                                       ("decodes", any(r.decodes for r in roles))) if not some]
     if missing and one.get("rollout_queue_depth", 0):  # what rollout workers wait for before they claim
         console.print(f"[yellow]no engine {'registered' if not up else 'takes ' + ' or '.join(missing)}: "
                       "queued trajectories wait for one (`rollout engines add`)[/]")
