@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, fields
 
+DEFAULT_PORT = 8000  # the gateway's
+
 
 @dataclass(slots=True)
 class Settings:
@@ -12,7 +14,7 @@ class Settings:
     redis_wait_replicas: int = -1  # replicas a submitted batch must reach before 202; -1: 1 behind Sentinel, else 0
     key_prefix: str = "rs:"
     host: str = "127.0.0.1"
-    port: int = 8000
+    port: int = DEFAULT_PORT
     lease_s: float = 30.0  # a worker heartbeats every lease_s/3; a dead worker's work returns after lease_s
     max_attempts: int = 3  # per trajectory, counting the first
     max_restarts: int = 20  # episodes lost to our faults (a peer died, Redis away): uncharged; stops poison work
@@ -72,3 +74,9 @@ class Settings:
     @property
     def auth_enabled(self) -> bool:
         return self.auth or bool(self.admin_key)
+
+
+def gateway_url() -> str:
+    """The gateway a client command talks to without `--url`: `$ROLLOUT_URL`, else the default
+    gateway's own address."""
+    return os.environ.get("ROLLOUT_URL") or f"http://127.0.0.1:{DEFAULT_PORT}"

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import httpx
 
-from rollout_service.config import Settings
+from rollout_service.config import Settings, gateway_url
 
 
 def cache_dir() -> Path:
@@ -309,7 +309,7 @@ def run(args, console) -> None:
         sup.add(Child("gateway", self_cmd("gateway", "--host", s.host, "--port", str(s.port)), env,
                       f"http://{s.host}:{s.port}/healthz", log=logs / "gateway.log", component="gateway"))
         console.print(f"\n[bold green]ready[/]  gateway http://{s.host}:{s.port}  (API docs: /docs)   logs: {logs}")
-        console.print("try:  rollout submit examples/math.jsonl --group-size 4 --wait      (Ctrl-C stops)")
+        console.print(f"try:  {try_command(s.host, s.port)}      (Ctrl-C stops)", soft_wrap=True)
         sup.watch(tick=books.tick)
     except KeyboardInterrupt:
         console.print("\nstopping…")
@@ -317,6 +317,20 @@ def run(args, console) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):  # the ordered stop below is bounded; let it finish
             signal.signal(sig, signal.SIG_IGN)
         sup.stop_all()
+
+
+def try_command(host: str, port: int, cwd: Path | None = None) -> str:
+    """The first command to paste once the service is up, as it works from `cwd`: the gateway's
+    URL where it is not the CLI's default, the example tasks' path where `examples/` is not here
+    (the repository's, when this package runs from a checkout)."""
+    tasks = Path("examples/math.jsonl")
+    if not ((cwd or Path.cwd()) / tasks).is_file():
+        checkout = Path(__file__).resolve().parents[1] / tasks
+        tasks = checkout if checkout.is_file() else Path("TASKS.jsonl")
+    client_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    url = f"http://{client_host}:{port}"
+    at = "" if url == gateway_url() else f" --url {url}"
+    return f"rollout submit {tasks}{at} --group-size 4 --wait"
 
 
 def _engine_kind(choice: str, console) -> str:

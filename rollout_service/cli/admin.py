@@ -15,11 +15,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from rollout_service.cli._console import console
+from rollout_service.config import gateway_url
 from scheduler.roles import Role
 
 
 def _url(args) -> str:
-    return args.url or os.environ.get("ROLLOUT_URL", "http://127.0.0.1:8000")
+    return args.url or gateway_url()
 
 
 def _client(args):

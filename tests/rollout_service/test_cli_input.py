@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 
@@ -76,3 +77,23 @@ def test_numbers_out_of_range_are_refused_by_the_parser():
                              timeout=60)
         assert out.returncode == 2 and "Traceback" not in out.stderr, (argv, out.stderr)
         assert said in out.stderr, (argv, out.stderr)
+
+
+def test_the_command_rollout_up_suggests_works_when_pasted_from_elsewhere(gateway, tmp_path, monkeypatch):
+    """`rollout up --port 8100` suggested `rollout submit examples/math.jsonl ...`: the CLI's default
+    gateway is port 8000 (connection refused), and from any folder but the checkout's root no such
+    file. The suggestion now names both as they are; pasted from another folder it submits."""
+    from rollout_service.up import try_command
+
+    monkeypatch.delenv("ROLLOUT_URL", raising=False)
+    assert try_command("127.0.0.1", 8000).count("--url") == 0  # the CLI's default gateway: nothing to add
+    host, port = gateway.url.removeprefix("http://").rsplit(":", 1)
+    line = try_command(host, int(port), cwd=tmp_path)
+    assert f"--url {gateway.url}" in line and " examples/" not in line, line
+    argv = line.split()[1:-1]  # without `--wait`: no worker runs here, the batch stays queued
+    out = subprocess.run([sys.executable, "-m", "rollout_service.cli", *argv], capture_output=True, text=True,
+                         timeout=60, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    bid = out.stdout.split()[1].rstrip(":")
+    tasks = [x for x in Path(argv[1]).read_text().splitlines() if x.strip()]
+    assert httpx.get(f"{gateway.url}/v1/batches/{bid}").json()["num_trajectories"] == 4 * len(tasks)
