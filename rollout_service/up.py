@@ -59,6 +59,12 @@ def redis_server_binary() -> str:
         return found
 
 
+# A child with a health URL that stops answering it for HUNG_S (after answering once; or that
+# never answers within its start allowance) is stopped and restarted: alive is not serving.
+# Asked every PROBE_S; SIGKILL follows a SIGTERM not obeyed in KILL_AFTER_S.
+HUNG_S, PROBE_S, KILL_AFTER_S = 60.0, 5.0, 10.0
+
+
 @dataclass(slots=True)
 class Child:
     name: str
@@ -72,6 +78,9 @@ class Child:
     started_at: float = 0.0
     crashes: int = 0  # consecutive exits soon after a start (drives the back-off)
     due: float | None = None  # when a pending restart happens
+    start_s: float = 60.0  # longest it may take to answer `ready_url` after a start
+    answered_at: float | None = None  # when `ready_url` last answered since the last start
+    killed_at: float | None = None  # when it was told to stop for not answering (SIGKILL follows)
 
     def start(self) -> None:
         out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115 (kept open by the child)
@@ -80,6 +89,15 @@ class Child:
         if out is not subprocess.DEVNULL:
             out.close()  # the child has its own copy
         self.started_at = time.monotonic()
+        self.answered_at = self.killed_at = None
+
+    def hung(self, now: float, hung_s: float) -> bool:
+        """Alive but not answering: silent for `hung_s` since it last answered, or never
+        answering within `start_s` of its start (a process that cannot serve but never exits,
+        as vLLM's server does once its engine core died: it waits on requests that never end)."""
+        if self.answered_at is None:
+            return now - self.started_at > self.start_s
+        return now - self.answered_at > hung_s
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc and self.proc.poll() is None:
@@ -95,13 +113,17 @@ class Supervisor:
     say: object = print
     status: object = None  # e.g. rich Console.status: a spinner while a child starts
 
+    hung_s: float = HUNG_S
+
     def add(self, child: Child, timeout: float = 60.0) -> None:
         self.children.append(child)
+        child.start_s = timeout
         child.start()
         if child.ready_url:
             spinner = self.status(f"starting {child.name}…") if self.status else contextlib.nullcontext()
             with spinner:
                 wait_http(child.ready_url, timeout, child)
+            child.answered_at = time.monotonic()
         self.say(f"  [green]✓[/] {child.name}" + (f"  {child.ready_url.rsplit('/', 1)[0]}" if child.ready_url else ""))
 
     def watch(self, tick=None, tick_s: float = 2.0) -> None:
@@ -109,10 +131,13 @@ class Supervisor:
         while comes back at once; one that keeps dying right after its start waits a
         bounded, doubling back-off (0.5 s up to 5 s) so a broken one does not spin. `tick`
         (if given) runs every `tick_s` seconds: bookkeeping that must not die with a child."""
-        last_tick = 0.0
+        last_tick = last_probe = 0.0
         while True:
             time.sleep(0.1)
             now = time.monotonic()
+            if now - last_probe >= PROBE_S:
+                last_probe = now
+                self._probe(now)
             for c in self.children:
                 if c.due is None and c.proc and c.proc.poll() is not None:
                     c.restarts += 1
@@ -127,6 +152,29 @@ class Supervisor:
             if tick is not None and now - last_tick >= tick_s:
                 last_tick = now
                 tick(self.children)
+
+    def _probe(self, now: float) -> None:
+        """Ask each running child with a health URL whether it answers; stop one that has not for
+        `hung_s` (SIGTERM, then SIGKILL after `KILL_AFTER_S`): its exit brings the restart."""
+        for c in self.children:
+            if not c.ready_url or c.due is not None or not c.proc or c.proc.poll() is not None:
+                continue
+            if c.killed_at is not None:
+                if now - c.killed_at > KILL_AFTER_S:
+                    c.stop(signal.SIGKILL)
+                continue
+            try:
+                if httpx.get(c.ready_url, timeout=2.0).status_code < 500:
+                    c.answered_at = now
+                    continue
+            except httpx.HTTPError:
+                pass
+            if c.hung(now, self.hung_s):
+                silent = now - (c.answered_at if c.answered_at is not None else c.started_at)
+                self.say(f"  [yellow]![/] {c.name} has not answered {c.ready_url} for {silent:.0f}s; stopping it "
+                         "to restart it" + (f", log: {c.log}" if c.log else ""))
+                c.killed_at = now
+                c.stop()
 
     def stop_all(self, each_s: float = 15.0) -> None:
         """Stop in the reverse of start order, each before the next: the gateway stops taking
@@ -224,7 +272,7 @@ def run(args, console) -> None:
     logs = log_dir(s.port)
     logs.mkdir(parents=True, exist_ok=True)
     env = child_env()
-    sup = Supervisor(say=console.print, status=console.status)
+    sup = Supervisor(say=console.print, status=console.status, hung_s=args.hung_s)
 
     def _terminate(*_):  # SIGTERM stops the children too, like Ctrl-C
         raise KeyboardInterrupt

@@ -50,6 +50,7 @@ from rollout_service.cli.processes import (
     cmd_worker,
 )
 from rollout_service.cli.replay import cmd_replay
+from rollout_service.up import HUNG_S
 from scheduler.allocator import ESTIMATES, AllocatorConfig
 
 
@@ -122,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="engines to start (simulated or local vLLM; default 1, 2 with --pd-allocation)")
     sp.add_argument("--sim-time-scale", type=at_least(0, "a time scale"), default=1.0,
                     help="simulated engine: multiply its modelled GPU time by this (0 = instant; default 1)")
+    sp.add_argument("--hung-s", type=SECONDS, default=HUNG_S,
+                    help=f"restart a part (engine, env worker, gateway) whose health URL has not answered for this "
+                         f"long (default {HUNG_S:.0f})")
     sp.set_defaults(fn=cmd_up)
 
     sp = sub.add_parser("gateway", help="run the HTTP gateway (one process)")

@@ -134,3 +134,30 @@ def test_up_with_a_vllm_engine_not_prepared_says_how_to_prepare_it(tmp_path):
     said = out.stdout + out.stderr
     assert out.returncode == 1 and "Traceback" not in said, said
     assert "run `rollout engine prepare smollm2` first" in said and "redis" not in said.lower(), said
+
+
+def test_a_part_alive_but_not_answering_is_restarted(tmp_path):
+    """vLLM's server whose engine core died stays alive, not listening, waiting for requests that
+    never end: `rollout up` restarted only parts that exited, so every later turn failed for good.
+    A part whose health URL stops answering (here: the engine, frozen with SIGSTOP, which ignores
+    the SIGTERM that comes first) is now killed and restarted; a batch then runs."""
+    proc, url = start_up(tmp_path, {}, "--engine", "sim", "--sim-time-scale", "0", "--hung-s", "3")
+    try:
+        def engines() -> list[psutil.Process]:
+            return [p for p in psutil.Process(proc.pid).children(recursive=True)
+                    if "sim-engine" in p.cmdline() and p.status() != psutil.STATUS_ZOMBIE]
+
+        frozen = engines()[0]
+        frozen.suspend()
+        deadline = time.monotonic() + 60
+        while not [p for p in engines() if p.pid != frozen.pid]:
+            assert time.monotonic() < deadline, (tmp_path / "up.log").read_text()
+            time.sleep(0.5)
+        assert not frozen.is_running() or frozen.status() == psutil.STATUS_ZOMBIE
+        log = (tmp_path / "up.log").read_text()
+        assert "engine 0 (simulated) has not answered" in log and "restart #1" in log, log
+        with RolloutClient(url) as c:
+            batch = c.submit([{"seed": s} for s in range(4)], env="math")
+            assert {t.state.value for t in c.iter_results(batch.id)} <= {"completed", "truncated"}
+    finally:
+        stop_up(proc)
