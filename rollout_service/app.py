@@ -23,6 +23,7 @@ from rollout_service.limits import BodyLimit
 from rollout_service.metrics import Metrics
 from rollout_service.routes import admin, batches, board, docs, health, sessions
 from rollout_service.sessions import Sessions
+from rollout_service.weights import WeightKeeper
 from scheduler.connection import connect
 from scheduler.keys import Keys
 from scheduler.queue import Queue
@@ -57,9 +58,11 @@ def create_app(settings: Settings | None = None, redis: aioredis.Redis | None = 
             await app.state.api_keys.add(settings.admin_key, Principal("admin", admin=True))
         sweeper = asyncio.create_task(_sweep_forever(Retention(r, keys, results, settings.result_retention_s),
                                                      settings.retention_sweep_s))
+        keeper = asyncio.create_task(WeightKeeper(app.state.registry, keys).run())
         yield
         sweeper.cancel()
-        await asyncio.gather(sweeper, return_exceptions=True)
+        keeper.cancel()
+        await asyncio.gather(sweeper, keeper, return_exceptions=True)
         await app.state.sessions.fleet.aclose()
         if redis is None:
             await r.aclose()

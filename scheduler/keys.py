@@ -28,6 +28,7 @@
                                          prefill:{bucket}, prefill_sum_us (per-turn prefill histogram)
     {p}restarts                   hash   component -> times its supervisor (`rollout up`) restarted it
     {p}up:{name}                  string set by `rollout up` when it registers engine {name}; gone = Redis lost data
+    {p}weights:reload:{eid}       string held (with a TTL) by the gateway loading engine {eid}'s pushed weights again
     {p}worker:{id}:phases         hash   a rollout worker's live trajectories by phase + forecast (TTL)
     {p}worker:{id}:pools          hash   an env worker's resource pool use, {kind}:{state} -> n (TTL)
     {p}tenant:{t}:batches         zset   a tenant's batch ids -> created at
@@ -163,6 +164,9 @@ class Keys:
 
     def up_registered(self, name: str) -> str:
         return f"{self.prefix}up:{name}"
+
+    def weights_reload(self, engine_id: str) -> str:
+        return f"{self.prefix}weights:reload:{engine_id}"
 
     def tenant_batches(self, tenant: str) -> str:
         return f"{self.prefix}tenant:{tenant}:batches"

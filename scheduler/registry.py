@@ -23,7 +23,7 @@ from scheduler.connection import UNAVAILABLE
 from scheduler.forecast import Demand
 from scheduler.keys import Keys
 from scheduler.timing import TurnTiming
-from wire import EngineInfo, WorkerInfo
+from wire import EngineInfo, LoadedWeights, WorkerInfo
 
 
 class UnknownEnv(ValueError):
@@ -66,8 +66,11 @@ class Registry:
                 except WatchError:
                     continue  # another engine's record changed meanwhile: read again
 
-    async def set_policy_version(self, engine_id: str, version: int, model: str | None = None) -> None:
-        await self._update(engine_id, policy_version=version, **({"model": model} if model else {}))
+    async def set_policy_version(self, engine_id: str, version: int, model: str | None = None,
+                                 weights: LoadedWeights | None = None) -> None:
+        """The engine serves `version` from now on: `weights` loaded (`rollout_service.weights`)."""
+        await self._update(engine_id, policy_version=version, **({"model": model} if model else {}),
+                           **({"weights": weights} if weights else {}))
 
     async def set_role(self, engine_id: str, role: str) -> EngineInfo:
         """Serve `role` from now on (ready)."""

@@ -61,6 +61,7 @@ from wire.engines import (
     EngineRoleUpdate,
     EngineStatus,
     EngineUpdateResult,
+    LoadedWeights,
     WeightUpdate,
     WeightUpdateResult,
 )
@@ -81,7 +82,7 @@ from wire.sessions import (
 __all__ = [
     "MAX_GROUP_SIZE", "MAX_TOKENS_PER_TURN", "MAX_TURNS", "TERMINAL_STATES", "USABLE_STATES", "ApiError",
     "ApiKeyCreate", "ApiKeyCreated", "BatchCreated", "BatchState", "BatchStatus", "BatchTotals",
-    "ChatCompletionRequest", "ChatMessageIn", "Conflict", "EngineInfo", "EngineRoleUpdate", "EngineStatus",
+    "ChatCompletionRequest", "ChatMessageIn", "Conflict", "EngineInfo", "EngineRoleUpdate", "EngineStatus", "LoadedWeights",
     "EngineUpdateResult", "EnvAction", "EnvOpen",
     "EnvOpened", "EnvStepped", "ErrorBody", "ErrorResponse", "Failure", "FailureKind", "FunctionCall", "GroupStatus",
     "Input", "Int", "Message", "NotFound", "Overloaded", "PackedTrajectory", "PackedTurn", "TrainingArrays", "RecordedStep", "RecordedTrajectory", "RecordingHeader",

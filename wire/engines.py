@@ -14,6 +14,18 @@ from wire.base import Input, Int, Version, Wire
 PORT = r"(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})"
 
 
+class LoadedWeights(Input):
+    """What the engine's last weight update loaded, and when the engine's process had started then:
+    an engine that restarts comes back with the weights it was launched with, so one whose
+    process started later no longer holds these (`rollout_service.weights.WeightKeeper` loads
+    them again; until then no turn runs on it)."""
+
+    path: str = Field(min_length=1, max_length=1024)
+    lora_name: str | None = Field(None, max_length=256)
+    engine_started_at: float | None = Field(None, description="The engine process's start time (Unix seconds) "
+                                                              "when they were loaded; None: the engine does not say.")
+
+
 class EngineInfo(Input):
     id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")
     url: str = Field(min_length=8, max_length=512, pattern=r"^https?://[A-Za-z0-9._\[\]-]+(:" + PORT + r")?(/[!-~]*)?$")
@@ -55,6 +67,8 @@ class EngineInfo(Input):
                                        "back'); None: not asked yet.")
     kv_read_back: bool = Field(False, description="As a decode engine it keeps a turn's KV for the next turn's "
                                                   "prefill engine to read (no recompute of the response).")
+    weights: LoadedWeights | None = Field(None, description="What the last weight update loaded (None: the weights "
+                                                            "it was launched with).")
 
 
 class EngineStatus(EngineInfo):

@@ -94,4 +94,8 @@ class Engine(Protocol):
     async def update_weights(self, path: str, lora_name: str | None, loaded: Callable[[], Awaitable[None]]) -> None:
         """Swap in new weights; await `loaded()` once they serve, before requests resume."""
 
+    async def started_at(self) -> float | None:
+        """When the engine's process started (Unix seconds): a later value means it restarted, with
+        the weights it was launched with. None: it does not say."""
+
     async def aclose(self) -> None: ...

@@ -33,6 +33,7 @@ from rollout_service.engines.base import (Engine, EngineError, EngineLost, Engin
                                           GenerateResult, TokenDelta)
 from rollout_service.engines.kinds import make_engine
 from rollout_service.tokens import Tokenizer, load_tokenizer, loaded_tokenizer
+from rollout_service.weights import restarted, started_at
 from scheduler.registry import Registry
 from scheduler.roles import Role
 from scheduler.router import NoEngine, RoleAware, RoutingPolicy
@@ -64,6 +65,10 @@ class Fleet:
         self._refreshed = 0.0
         self._load: dict[str, int] = {e: 0 for e in self._engines}
         self._down: dict[str, float] = {}  # engine -> when it was last found failing
+        # engine -> the process start time its pushed weights were loaded at, as last checked
+        # against the engine's own (`_holds_weights`)
+        self._weights_checked: dict[str, float] = {}
+        self._stale: set[str] = set()  # engines found without their pushed weights
         # trajectory -> (decode engine, the kv_transfer_params it answered): its last turn's KV,
         # held there for the next prefill to read; bounded, oldest dropped first
         self._held: dict[str, tuple[str, dict]] = {}
@@ -122,6 +127,8 @@ class Fleet:
             self._infos.pop(gone, None)
             self._down.pop(gone, None)
             self._roles.pop(gone, None)
+            self._weights_checked.pop(gone, None)
+            self._stale.discard(gone)
             await eng.aclose()
 
     def serves_turns(self) -> bool:
@@ -143,11 +150,38 @@ class Fleet:
         for eid, healthy in zip(ids, ok):
             if healthy is not True:
                 self._mark_down(eid)
-            elif self._down.pop(eid, None) is not None:  # back, perhaps restarted with another context
+                continue
+            back = self._down.pop(eid, None) is not None
+            if back:  # perhaps restarted with another context
                 forget = getattr(self._engines[eid][0], "forget_context", None)
                 if forget is not None:
                     forget()
+            if not await self._holds_weights(eid, back):
+                self._mark_down(eid)
         await self._detect([e for e in ids if not self._is_down(e) and e in self._infos and self._infos[e].kv is None])
+
+    async def _holds_weights(self, eid: str, back: bool) -> bool:
+        """False if the engine restarted since its last weight update loaded (it serves the weights
+        it was launched with, under the version pushed since): no turn runs on it until a gateway's
+        `WeightKeeper` loads them again. Asked when first seen, when back from down (a restart
+        takes a vLLM server away for longer than a probe's period), and while it does not."""
+        info = self._infos.get(eid)
+        loaded_at = info.weights.engine_started_at if info is not None and info.weights is not None else None
+        if loaded_at is None or (not back and eid not in self._stale and self._weights_checked.get(eid) == loaded_at):
+            return True
+        try:
+            started = await started_at(self._engines[eid][0])
+        except EngineError:
+            return False
+        if restarted(info, started):
+            if eid not in self._stale:
+                log.warning("engine %s restarted without its pushed weights (policy version %d): no turn runs "
+                            "on it until they are loaded again", eid, info.policy_version)
+                self._stale.add(eid)
+            return False
+        self._stale.discard(eid)
+        self._weights_checked[eid] = loaded_at
+        return True
 
     async def _detect(self, ids: list[str]) -> None:
         """Ask engines not asked yet which roles they can serve; record it in the registry."""

@@ -15,6 +15,7 @@ import hashlib
 import operator
 import random
 import re
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -94,6 +95,7 @@ class SimEngine:
         self.tok = ByteTokenizer()
         self.policy = policy
         self._running = 0
+        self.created_at = time.time()
 
     def _rng(self, req: GenerateRequest) -> random.Random:
         # Same seed + same prompt + same request seed -> same output, across processes.
@@ -165,6 +167,10 @@ class SimEngine:
 
     async def health(self) -> bool:
         return True
+
+    async def started_at(self) -> float | None:
+        """When this engine was made: "weights" (a seed) last as long as the object."""
+        return self.created_at
 
     async def capabilities(self) -> Capabilities:
         return from_kv_config({"kv_connector": "SimulatedConnector", "kv_role": "kv_both"})

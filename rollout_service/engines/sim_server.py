@@ -214,7 +214,8 @@ def create_app(engine: SimEngine, model: str = "sim", max_model_len: int = 131_0
         return (f"vllm:num_requests_running {engine._running}\n"
                 f"vllm:generation_tokens_total {stats['generation_tokens']}\n"
                 f"vllm:prompt_tokens_total {stats['prompt_tokens']}\n"
-                f'vllm:prompt_tokens_by_source_total{{source="external_kv_transfer"}} {stats["external_kv_tokens"]}\n')
+                f'vllm:prompt_tokens_by_source_total{{source="external_kv_transfer"}} {stats["external_kv_tokens"]}\n'
+                f"process_start_time_seconds {engine.created_at}\n")  # as prometheus_client writes it for vLLM
 
     return app
 

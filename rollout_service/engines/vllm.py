@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -27,6 +28,9 @@ from rollout_service.engines.base import (ContextFull, EngineError, EngineLost, 
                                           TokenDelta, refused)
 from rollout_service.engines.capabilities import Capabilities, from_kv_config, unknown
 from wire import EngineInfo
+
+
+_START = re.compile(r"^process_start_time_seconds ([0-9.e+]+)$", re.M)
 
 
 def _top_logprobs(raw, k: int, n: int, engine_id: str) -> list[list[tuple[int, float]]] | None:
@@ -291,6 +295,21 @@ class VLLMEngine:
             return from_kv_config(cfg.get("kv_transfer_config") if isinstance(cfg, dict) else None)
         except (ValueError, KeyError, TypeError, AttributeError):
             return unknown("/server_info gave no vllm_config")
+
+    async def started_at(self) -> float | None:
+        """From `/metrics`: the process's `process_start_time_seconds` (prometheus_client's own,
+        which vLLM's server exports). None if it cannot be read; EngineLost if unreachable."""
+        try:
+            r = await self._client.get(f"{self.url}/metrics", timeout=5.0)
+        except httpx.HTTPError as e:
+            raise EngineLost(f"engine {self.id} unreachable: {e!r}") from e
+        if r.status_code != 200:
+            return None
+        found = _START.search(r.text)
+        try:
+            return float(found.group(1)) if found else None
+        except ValueError:
+            return None
 
     async def health(self) -> bool:
         try:

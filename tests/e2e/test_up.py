@@ -161,3 +161,35 @@ def test_a_part_alive_but_not_answering_is_restarted(tmp_path):
             assert {t.state.value for t in c.iter_results(batch.id)} <= {"completed", "truncated"}
     finally:
         stop_up(proc)
+
+
+def test_an_engine_killed_after_a_weight_push_comes_back_with_the_pushed_weights(tmp_path):
+    """`kill -9` of the engine after `update_weights`: `rollout up` restarts it with its launch
+    weights. Its turns used to carry the pushed version anyway. Now the gateway loads the pushed
+    weights into it again before any turn runs there: the same seeded batch samples the same
+    tokens after the restart as before it, under the same version."""
+    proc, url = start_up(tmp_path, {}, "--engine", "sim", "--sim-time-scale", "0")
+    try:
+        def sampled(c: RolloutClient) -> dict:
+            batch = c.submit([{"seed": s} for s in range(4)], env="math", sampling={"seed": 11, "max_tokens": 64})
+            trajs = list(c.iter_results(batch.id))
+            assert all(t.failure is None for t in trajs), [t.failure for t in trajs]
+            return {t.group_index: ([x.output_ids for x in t.turns], {x.policy_version for x in t.turns})
+                    for t in trajs}
+
+        with RolloutClient(url) as c:
+            launched = sampled(c)
+            c.update_weights(path="/ckpt/step-1")
+            pushed = sampled(c)
+            assert pushed != launched and all(v == {1} for _, v in pushed.values())
+            engine = [p for p in psutil.Process(proc.pid).children(recursive=True) if "sim-engine" in p.cmdline()][0]
+            engine.kill()
+            deadline = time.monotonic() + 60
+            while "restart #1" not in (tmp_path / "up.log").read_text():
+                assert time.monotonic() < deadline, (tmp_path / "up.log").read_text()
+                time.sleep(0.2)
+            assert sampled(c) == pushed
+    finally:
+        stop_up(proc)
+    gateway_log = (tmp_path / "cache" / "logs").rglob("gateway.log")
+    assert any("loading them again" in f.read_text() for f in gateway_log)

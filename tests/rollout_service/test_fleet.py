@@ -22,8 +22,8 @@ from tests.conftest import free_port
 from wire import EngineInfo, RolloutRequest
 
 
-def start_sim(time_scale: float) -> tuple[subprocess.Popen, str]:
-    port = free_port()
+def start_sim(time_scale: float, port: int | None = None) -> tuple[subprocess.Popen, str]:
+    port = port or free_port()
     proc = subprocess.Popen([sys.executable, "-m", "rollout_service.cli", "sim-engine", "--port", str(port),
                              "--time-scale", str(time_scale)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
@@ -371,3 +371,54 @@ async def test_a_fleet_whose_engines_only_prefill_serves_no_turn_and_says_why(re
     await fleet.refresh()
     assert fleet.serves_turns()
     await fleet.aclose()
+
+
+async def test_an_engine_restarted_after_a_weight_push_runs_no_turn_until_its_weights_are_back(redis, keys):
+    """An engine that restarts comes back with its launch weights while the registry names the
+    version pushed since: its turns went out labelled with a policy they were not sampled from.
+    Now the fleet keeps it out of rotation until a gateway's keeper loads the pushed weights into
+    it again; then it samples exactly as before the restart, under the same version."""
+    from rollout_service.weights import WeightKeeper, WeightUpdater
+    from wire import SamplingParams, WeightUpdate
+
+    proc, url = start_sim(time_scale=0)
+    reg = Registry(redis, keys)
+    await reg.add_engine(EngineInfo(id="e0", url=url))
+    fleet = Fleet(registry=reg, refresh_s=0)
+    params = RolloutRequest(tasks=[{}], env="math", sampling=SamplingParams(seed=7))
+
+    async def sampled() -> tuple[list[int], int]:
+        traj = await run_episode(Work("t-0", "t", 0, 0, {"seed": 3}, params), fleet, LocalEnvs())
+        assert traj.failure is None, traj.failure
+        return traj.turns[0].output_ids, traj.turns[0].policy_version
+
+    try:
+        await fleet.probe()
+        launched, _ = await sampled()
+        assert (await WeightUpdater(reg).update(WeightUpdate(path="/ckpt/step-1"))).ok
+        pushed, version = await sampled()
+        assert version == 1 and pushed != launched  # (the simulated engine's weights: a seed from the path)
+        loaded_at = (await reg.engine("e0")).weights.engine_started_at
+        assert loaded_at is not None
+
+        proc.kill()
+        proc.wait()
+        await fleet.probe()
+        assert "e0" in fleet.down
+        await asyncio.sleep(0.05)  # (a start time a moment later)
+        proc, _ = start_sim(time_scale=0, port=int(url.rsplit(":", 1)[1]))
+        await fleet.probe()  # up and answering, but with its launch weights
+        assert "e0" in fleet.down and (await reg.engine("e0")).policy_version == 1
+
+        assert await WeightKeeper(reg, keys).once() == ["e0"]
+        info = await reg.engine("e0")
+        assert info.policy_version == 1 and info.weights.path == "/ckpt/step-1"
+        assert info.weights.engine_started_at > loaded_at
+        await fleet.probe()
+        assert not fleet.down
+        assert await sampled() == (pushed, 1)
+        assert await WeightKeeper(reg, keys).once() == []  # nothing more to do
+    finally:
+        proc.kill()
+        proc.wait()
+        await fleet.aclose()
