@@ -16,6 +16,7 @@ place (`/v1/load_lora_adapter`), `/reset_prefix_cache` (stale KV would mix polic
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import re
@@ -30,6 +31,7 @@ from rollout_service.engines.capabilities import Capabilities, from_kv_config, u
 from wire import EngineInfo
 
 
+RESUME_TRIES = 4
 _START = re.compile(r"^process_start_time_seconds ([0-9.e+]+)$", re.M)
 
 
@@ -262,10 +264,8 @@ class VLLMEngine:
         `loaded` runs once they are in, while requests are still frozen (the caller records
         the new policy version there, so no turn finishing on them carries the old one). The
         engine is resumed whatever happens; a failure raises `EngineError`."""
-        paused = False
+        await self._admin("/pause", params={"mode": "keep"})
         try:
-            await self._admin("/pause", params={"mode": "keep"})
-            paused = True
             if lora_name is None:
                 await self._admin("/collective_rpc",
                                   json={"method": "reload_weights", "kwargs": {"weights_path": path}})
@@ -274,12 +274,27 @@ class VLLMEngine:
                                   json={"lora_name": lora_name, "lora_path": path, "load_inplace": True})
             await self._admin("/reset_prefix_cache")
             await loaded()
-        finally:
-            if paused:
-                try:
-                    await self._admin("/resume")
-                except EngineError:
-                    pass  # reported through the health probe: an engine that stays paused stops answering
+        except BaseException:
+            await self._resume()  # (the failure that got here is the one reported)
+            raise
+        resumed = await self._resume()
+        if resumed is not None:
+            raise EngineError(f"new weights loaded, but the engine stays paused: {resumed}")
+
+    async def _resume(self) -> str | None:
+        """Resume a paused engine, asking up to RESUME_TRIES times (vLLM's server closes the
+        connection of a request that failed with a 500, and the next request on it, the resume,
+        failed as "server disconnected": the engine stayed paused, every request frozen for good).
+        None when resumed, else why not."""
+        why = None
+        for attempt in range(RESUME_TRIES):
+            try:
+                await self._admin("/resume")
+                return None
+            except EngineError as e:
+                why = str(e)
+                await asyncio.sleep(0.2 * 2 ** attempt)
+        return why
 
     async def capabilities(self) -> Capabilities:
         """The roles this engine can serve, from its KV connector configuration (vLLM's dev-mode

@@ -70,3 +70,35 @@ def test_weight_update_validation(gateway):
             assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request"
         r = c.post("/v1/weights", json={"path": "/a", "engines": ["ghost"]})
         assert r.status_code == 404
+
+
+def test_an_engine_whose_load_fails_with_a_500_is_resumed_not_left_paused(gateway):
+    """vLLM answers a failed `reload_weights` (a path it cannot read) with a 500 from an exception
+    and closes that connection; the resume went out on it, failed as "server disconnected", and
+    was let pass: the engine stayed paused, every request on it frozen for good. A server that
+    behaves the same way here: the load fails, reported, and the engine is resumed."""
+    from fastapi import FastAPI
+
+    app, paused = FastAPI(), {"now": False, "resumes": 0}
+
+    @app.post("/pause")
+    async def pause() -> dict:
+        paused["now"] = True
+        return {}
+
+    @app.post("/collective_rpc")
+    async def reload() -> dict:
+        raise RuntimeError("Repo id must use alphanumeric chars")  # uvicorn: a 500, and the connection closed
+
+    @app.post("/resume")
+    async def resume() -> dict:
+        paused.update(now=False, resumes=paused["resumes"] + 1)
+        return {}
+
+    with LiveServer(app) as engine, RolloutClient(gateway.url) as c:
+        c.register_engine("e0", engine.url)
+        with pytest.raises(WeightUpdateError) as e:
+            c.update_weights(path="/nonexistent")
+        assert "collective_rpc answered 500" in e.value.result.results[0].error
+        assert paused == {"now": False, "resumes": 1}
+        assert c.engines()[0]["policy_version"] == 0
