@@ -32,7 +32,7 @@ from wire import EngineInfo, EngineUpdateResult, LoadedWeights, WeightUpdate, We
 
 log = logging.getLogger(__name__)
 
-KEEP_S = 2.0  # how often a gateway compares each engine's start time with its weights'
+KEEP_S = 5.0  # how often a gateway compares each engine's start time with its weights' (a `/metrics` read)
 RELOAD_LOCK_S = 600  # one gateway reloads an engine at a time; a lock left by a dead one lapses after this
 
 
@@ -89,34 +89,56 @@ class WeightKeeper:
     def __init__(self, registry: Registry, keys: Keys, every_s: float = KEEP_S):
         self.registry, self.k, self.every_s = registry, keys, every_s
         self.updater = WeightUpdater(registry)
+        self._clients: dict[str, tuple[str, Engine]] = {}  # engine id -> (its URL, a client kept for it)
 
     async def run(self) -> None:
-        while True:
-            try:
-                await self.once()
-            except Exception:  # Redis away, an engine unreachable: the next pass looks again
-                log.warning("weight keeper pass failed", exc_info=True)
-            await asyncio.sleep(self.every_s)
+        try:
+            while True:
+                try:
+                    await self.once()
+                except Exception:  # Redis away, an engine unreachable: the next pass looks again
+                    log.warning("weight keeper pass failed", exc_info=True)
+                await asyncio.sleep(self.every_s)
+        finally:
+            await self.aclose()
 
     async def once(self) -> list[str]:
         """One pass over the engines; returns the ids whose weights were loaded again."""
-        done = []
-        for info in await self.registry.engines():
+        done, infos = [], await self.registry.engines()
+        for gone in set(self._clients) - {i.id for i in infos}:
+            await self._clients.pop(gone)[1].aclose()
+        for info in infos:
             if info.weights is None or info.weights.engine_started_at is None:
                 continue
-            try:
-                engine = make_engine(info)
-            except ValueError:
+            engine = await self._client(info)
+            if engine is None:
                 continue
             try:
                 started = await started_at(engine)
             except EngineError:
                 continue  # down (restarting?): the next pass looks again
-            finally:
-                await engine.aclose()
             if restarted(info, started) and await self._reload(info):
                 done.append(info.id)
         return done
+
+    async def _client(self, info: EngineInfo) -> Engine | None:
+        kept = self._clients.get(info.id)
+        if kept is not None and kept[0] == info.url:
+            return kept[1]
+        if kept is not None:
+            await kept[1].aclose()
+        try:
+            engine = make_engine(info)
+        except ValueError:  # a kind this process does not know
+            self._clients.pop(info.id, None)
+            return None
+        self._clients[info.id] = (info.url, engine)
+        return engine
+
+    async def aclose(self) -> None:
+        for _, engine in self._clients.values():
+            await engine.aclose()
+        self._clients.clear()
 
     async def _reload(self, info: EngineInfo) -> bool:
         lock = self.k.weights_reload(info.id)

@@ -410,14 +410,16 @@ async def test_an_engine_restarted_after_a_weight_push_runs_no_turn_until_its_we
         await fleet.probe()  # up and answering, but with its launch weights
         assert "e0" in fleet.down and (await reg.engine("e0")).policy_version == 1
 
-        assert await WeightKeeper(reg, keys).once() == ["e0"]
+        keeper = WeightKeeper(reg, keys)
+        assert await keeper.once() == ["e0"]
         info = await reg.engine("e0")
         assert info.policy_version == 1 and info.weights.path == "/ckpt/step-1"
         assert info.weights.engine_started_at > loaded_at
         await fleet.probe()
         assert not fleet.down
         assert await sampled() == (pushed, 1)
-        assert await WeightKeeper(reg, keys).once() == []  # nothing more to do
+        assert await keeper.once() == []  # nothing more to do
+        await keeper.aclose()
     finally:
         proc.kill()
         proc.wait()
