@@ -24,6 +24,7 @@ reached the gateway: reads, deletes, and `submit`, which always carries an idemp
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator
@@ -143,11 +144,12 @@ class _Base:
         return req.model_dump(mode="json", exclude_none=True)
 
     @staticmethod
-    def weights_body(path: str | None, lora: tuple[str, str] | None, version: int | None) -> dict:
+    def weights_body(path: str | os.PathLike | None, lora: tuple[str, str | os.PathLike] | None,
+                     version: int | None) -> dict:
         if (path is None) == (lora is None):
             raise ValueError("give a checkpoint path or lora=(name, path), exactly one")
-        body = WeightUpdate(path=lora[1], lora_name=lora[0], version=version) if lora else \
-            WeightUpdate(path=path, version=version)
+        body = WeightUpdate(path=_for_engines(lora[1]), lora_name=lora[0], version=version) if lora else \
+            WeightUpdate(path=_for_engines(path), version=version)
         return body.model_dump(mode="json", exclude_none=True)
 
     @staticmethod
@@ -194,6 +196,15 @@ class _SSE:
         if f.get("event") == "trajectory" and f.get("data"):
             return TrajectoryEvent.model_validate_json(f["data"])
         return None
+
+
+def _for_engines(path: str | os.PathLike) -> str:
+    """A checkpoint path as the engines must read it: one relative to this process's folder that
+    exists here (`ckpt/step-3`) made absolute (an engine reads it from its own folder, and vLLM
+    takes a path it cannot find for a model hub name: the load fails, and a failed in-place load
+    leaves vLLM without usable weights until it restarts). Anything else goes as given."""
+    path = os.fspath(path)
+    return os.path.abspath(path) if not os.path.isabs(path) and os.path.exists(path) else path
 
 
 class RolloutClient(_Base):

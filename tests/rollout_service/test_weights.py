@@ -102,3 +102,21 @@ def test_an_engine_whose_load_fails_with_a_500_is_resumed_not_left_paused(gatewa
         assert "collective_rpc answered 500" in e.value.result.results[0].error
         assert paused == {"now": False, "resumes": 1}
         assert c.engines()[0]["policy_version"] == 0
+
+
+def test_a_relative_checkpoint_path_that_exists_here_goes_to_the_engines_absolute(gateway, tmp_path, monkeypatch):
+    """`update_weights(path="ckpt/step-1")`, as a trainer writes it, went to vLLM as given: read
+    from the engine's own folder, or taken for a model hub name, the load failed (and vLLM's failed
+    in-place load leaves it without usable weights until it restarts). One that exists here goes
+    absolute; one that does not (a hub name, a path only the engines see) goes as given."""
+    (tmp_path / "ckpt" / "step-1").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    with LiveServer(sim_app(SimEngine("e0"))) as engine, RolloutClient(gateway.url) as c:
+        c.register_engine("e0", engine.url)
+        c.update_weights(path="ckpt/step-1")
+        assert c.engines()[0]["weights"]["path"] == str(tmp_path / "ckpt" / "step-1")
+        c.update_weights(lora=("a", "ckpt/step-1"))
+        w = c.engines()[0]["weights"]
+        assert (w["path"], w["lora_name"]) == (str(tmp_path / "ckpt" / "step-1"), "a") and w["engine_started_at"] > 0
+        c.update_weights(path="org/model-on-a-hub")
+        assert c.engines()[0]["weights"]["path"] == "org/model-on-a-hub"
