@@ -47,7 +47,7 @@ def restarted(info: EngineInfo, started: float | None) -> bool:
     holds those weights. False where either start time is unknown (nothing to compare)."""
     w = info.weights
     return w is not None and w.engine_started_at is not None and started is not None and \
-        started != w.engine_started_at
+        started > w.engine_started_at
 
 
 class WeightUpdater:
