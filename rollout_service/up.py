@@ -112,8 +112,7 @@ class Supervisor:
     children: list[Child] = field(default_factory=list)
     say: object = print
     status: object = None  # e.g. rich Console.status: a spinner while a child starts
-
-    hung_s: float = HUNG_S
+    hung_s: float = HUNG_S  # a child silent this long on its health URL is restarted (`_probe`)
 
     def add(self, child: Child, timeout: float = 60.0) -> None:
         self.children.append(child)
