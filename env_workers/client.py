@@ -9,6 +9,7 @@ import asyncio
 import itertools
 from dataclasses import dataclass
 from typing import Any, Protocol
+from urllib.parse import quote
 
 import httpx
 
@@ -18,7 +19,7 @@ from wire.base import Message
 from wire.envs import EnvOpened, EnvStepped
 
 __all__ = ["EnvBackend", "EnvHandle", "EnvRejected", "EnvUnavailable", "EnvWorkerLost", "LocalEnvs", "RemoteEnvs",
-           "SandboxUnavailable"]
+           "SandboxUnavailable", "refused_env"]
 
 
 def _code(r: httpx.Response) -> str | None:
@@ -96,6 +97,21 @@ class LocalEnvs:
 
 async def _call(inline: bool, fn, *args):
     return fn(*args) if inline else await asyncio.to_thread(fn, *args)
+
+
+async def refused_env(client: httpx.AsyncClient, base_url: str, env: str) -> tuple[str, str] | None:
+    """Ask the env worker at `base_url` whether it can run `env`: (error code, message) when it
+    cannot (an unknown `FAMILY:NAME`, a package missing), None when it can. EnvWorkerLost when
+    it did not say (unreachable, slow, another answer)."""
+    try:
+        r = await client.get(f"{base_url}/v1/envs/{quote(env, safe='')}")
+    except httpx.HTTPError as e:
+        raise EnvWorkerLost(f"env worker unreachable: {e!r}") from e
+    if r.status_code == 200:
+        return None
+    if r.status_code in (404, 422) and _code(r) in ("not_found", "env_package_missing", "env_unadaptable"):
+        return _code(r), _message(r)
+    raise EnvWorkerLost(f"env worker answered {r.status_code}: {r.text[:300]}")
 
 
 class RemoteEnvs:

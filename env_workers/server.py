@@ -272,6 +272,18 @@ def create_app(max_sessions: int = 1024, idle_s: float = 600.0,
                               "package": adapters.FAMILIES[f].dist, "version": adapters.version(f)}
                              for f in adapters.installed()]}
 
+    @app.get("/v1/envs/{name:path}")
+    async def env(name: str) -> dict:
+        """Whether this worker can run `name` (a `FAMILY:NAME` resolved, its package imported on
+        first use, as opening a session would): what the gateway asks before queueing a batch."""
+        try:
+            spec = await _call(":" not in name, registry.spec, name)
+        except (UnknownEnv, EnvPackageMissing, EnvUnadaptable) as e:
+            raise _spec_error(e) from e
+        except Exception as e:  # noqa: BLE001 - the third party's own code failed while loading
+            raise _api_error(e) from e
+        return {"name": spec.name, "description": spec.description}
+
     @app.post("/v1/sessions", response_model=EnvOpened)
     async def open_session(body: EnvOpen) -> EnvOpened:
         if len(sessions) >= max_sessions:

@@ -19,6 +19,7 @@ from rollout_service import __version__, errors
 from rollout_service.auth import ApiKeys, Principal
 from rollout_service.config import Settings
 from rollout_service.engines.fleet import Fleet
+from rollout_service.env_names import FamilyNames
 from rollout_service.limits import BodyLimit
 from rollout_service.metrics import Metrics
 from rollout_service.routes import admin, batches, board, docs, health, sessions
@@ -54,6 +55,7 @@ def create_app(settings: Settings | None = None, redis: aioredis.Redis | None = 
         app.state.metrics = Metrics()
         app.state.api_keys = ApiKeys(r, keys)
         app.state.sessions = Sessions(r, keys, Fleet(registry=app.state.registry))
+        app.state.env_names = FamilyNames(app.state.registry)
         if settings.admin_key:
             await app.state.api_keys.add(settings.admin_key, Principal("admin", admin=True))
         sweeper = asyncio.create_task(_sweep_forever(Retention(r, keys, results, settings.result_retention_s),
@@ -64,6 +66,7 @@ def create_app(settings: Settings | None = None, redis: aioredis.Redis | None = 
         keeper.cancel()
         await asyncio.gather(sweeper, keeper, return_exceptions=True)
         await app.state.sessions.fleet.aclose()
+        await app.state.env_names.aclose()
         if redis is None:
             await r.aclose()
 

@@ -61,6 +61,10 @@ async def submit(request: Request, body: RolloutRequest, who: Principal = Caller
     known = await request.app.state.registry.unhosted(body.env)
     if known is not None:
         raise unknown_env(body.env, known)
+    refused = await request.app.state.env_names.refused(body.env)
+    if refused is not None:  # a FAMILY:NAME its env workers cannot run (`rollout_service.env_names`)
+        raise ApiError(refused[1], {"env": body.env}, status=422,
+                       code="unknown_env" if refused[0] == "not_found" else refused[0])
     try:
         created = await request.app.state.queue.enqueue(
             body, tenant=who.tenant, max_open=settings.max_open_per_tenant,

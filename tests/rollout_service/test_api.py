@@ -131,8 +131,9 @@ async def test_a_batch_for_an_env_no_worker_hosts_is_a_422_naming_the_nearest(ga
     async with httpx.AsyncClient(base_url=gateway.url) as c:
         # no env worker registered yet (they may still be starting): nothing to judge by, queued
         assert (await c.post("/v1/batches", json={**BATCH, "env": "maht"})).status_code == 202
-        await reg.announce_worker(WorkerInfo(id="env-a", url="http://a", envs=["math", "calc", "reasoning_gym:*"]),
-                                  {}, 10)
+        # (a worker that does not answer: a family's name is judged by the episodes, as before)
+        await reg.announce_worker(WorkerInfo(id="env-a", url="http://127.0.0.1:9", envs=["math", "calc",
+                                                                                     "reasoning_gym:*"]), {}, 10)
         await reg.announce_worker(WorkerInfo(id="env-b", url="http://b", envs=["swe"]), {}, 1)
         await redis.delete(keys.worker_alive("env-b"))  # dead but registered: what it hosted still counts
         for env, hint in [("maht", "did you mean 'math'?"), ("gymnasium:CartPole-v1", "")]:
@@ -144,6 +145,28 @@ async def test_a_batch_for_an_env_no_worker_hosts_is_a_422_naming_the_nearest(ga
         for env in ("math", "swe", "reasoning_gym:leg_counting"):  # a family worker answers for its names
             assert (await c.post("/v1/batches", json={**BATCH, "env": env})).status_code == 202, env
         assert len((await c.get("/v1/batches")).json()) == 4  # nothing of the refused ones was queued
+
+
+async def test_a_family_name_its_env_workers_cannot_run_is_a_422_with_their_reason(gateway, redis, keys):
+    """Env workers announce a third-party family as `FAMILY:*`, so `reasoning_gym:leg_countng` was
+    a 202 and every trajectory ended `rejected` when its episode opened it. The gateway now asks a
+    live env worker hosting the family, which resolves the name as a session would."""
+    from env_workers import registry as envs
+    from env_workers.server import create_app as env_app
+    from tests.conftest import LiveServer
+
+    with LiveServer(env_app()) as worker:
+        await Registry(redis, keys).announce_worker(WorkerInfo(id="env-a", url=worker.url, envs=envs.hosted()),
+                                                    {}, 10)
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as c:
+            r = await c.post("/v1/batches", json={**BATCH, "env": "reasoning_gym:leg_countng"})
+            assert r.status_code == 422, r.text
+            err = r.json()["error"]
+            assert err["code"] == "unknown_env" and "did you mean leg_counting" in err["message"], err
+            assert err["details"] == {"env": "reasoning_gym:leg_countng"}
+            for env in ("reasoning_gym:leg_counting", "reasoning_gym_retry:leg_counting", "math"):
+                assert (await c.post("/v1/batches", json={**BATCH, "env": env})).status_code == 202, env
+            assert len((await c.get("/v1/batches")).json()) == 3
 
 
 def test_a_task_with_nan_or_infinity_is_a_422_naming_where(gateway):
