@@ -42,6 +42,10 @@ from wire import EngineInfo
 
 log = logging.getLogger(__name__)
 
+# An engine holding pushed weights is asked its process start time (a `/metrics` read) at least
+# this often besides when it comes back from down: one read per worker per engine per period.
+WEIGHTS_CHECK_S = 10.0
+
 # An engine found failing is left out of rotation this long, unless a probe finds it up sooner. A
 # process that probes (a rollout worker, every 2 s) finds a dead engine down again at each probe;
 # one that does not (the gateway's session proxy) gave up on an engine for good after one failure.
@@ -65,9 +69,9 @@ class Fleet:
         self._refreshed = 0.0
         self._load: dict[str, int] = {e: 0 for e in self._engines}
         self._down: dict[str, float] = {}  # engine -> when it was last found failing
-        # engine -> the process start time its pushed weights were loaded at, as last checked
-        # against the engine's own (`_holds_weights`)
-        self._weights_checked: dict[str, float] = {}
+        # engine -> (the process start time its pushed weights were loaded at, when that was last
+        # checked against the engine's own) (`_holds_weights`)
+        self._weights_checked: dict[str, tuple[float, float]] = {}
         self._stale: set[str] = set()  # engines found without their pushed weights
         # trajectory -> (decode engine, the kv_transfer_params it answered): its last turn's KV,
         # held there for the next prefill to read; bounded, oldest dropped first
@@ -133,8 +137,9 @@ class Fleet:
 
     def serves_turns(self) -> bool:
         """Some engine takes new prefills and some takes decodes: with none registered, or only
-        prefill engines (a role set by hand, engines registered one by one), no turn can run."""
-        roles = [self._roles[e] for e in self._engines if e in self._roles]
+        prefill engines (a role set by hand, engines registered one by one), no turn can run (nor
+        on an engine that restarted without its pushed weights: `_holds_weights`)."""
+        roles = [self._roles[e] for e in self._engines if e in self._roles and e not in self._stale]
         return any(r.prefills for r in roles) and any(r.decodes for r in roles)
 
     @property
@@ -164,10 +169,14 @@ class Fleet:
         """False if the engine restarted since its last weight update loaded (it serves the weights
         it was launched with, under the version pushed since): no turn runs on it until a gateway's
         `WeightKeeper` loads them again. Asked when first seen, when back from down (a restart
-        takes a vLLM server away for longer than a probe's period), and while it does not."""
+        takes a vLLM server away for longer than a probe's period: it loads its model), while it
+        does not hold them, and every WEIGHTS_CHECK_S besides (a restart quicker than a probe's
+        period: turns may run on it until then)."""
         info = self._infos.get(eid)
         loaded_at = info.weights.engine_started_at if info is not None and info.weights is not None else None
-        if loaded_at is None or (not back and eid not in self._stale and self._weights_checked.get(eid) == loaded_at):
+        checked = self._weights_checked.get(eid)
+        if loaded_at is None or (not back and eid not in self._stale and checked is not None and
+                                 checked[0] == loaded_at and time.monotonic() - checked[1] < WEIGHTS_CHECK_S):
             return True
         try:
             started = await started_at(self._engines[eid][0])
@@ -180,7 +189,7 @@ class Fleet:
                 self._stale.add(eid)
             return False
         self._stale.discard(eid)
-        self._weights_checked[eid] = loaded_at
+        self._weights_checked[eid] = (loaded_at, time.monotonic())
         return True
 
     async def _detect(self, ids: list[str]) -> None:
@@ -205,7 +214,7 @@ class Fleet:
 
     def _available(self, tokenizer: str | None) -> dict[str, int]:
         able = {e: self._load.get(e, 0) for e, (_, tok) in self._engines.items()
-                if tokenizer is None or tok == tokenizer}
+                if (tokenizer is None or tok == tokenizer) and e not in self._stale}  # (never, even if alone)
         if not self._down:  # (every turn comes here twice: no clock read while nothing failed)
             return able
         recent = time.monotonic() - DOWN_S
@@ -227,6 +236,7 @@ class Fleet:
             try:
                 eid = self.policy.route(trajectory_id, self._available(None), self._roles)[0]
             except NoEngine as e:  # none registered, or none that takes prefills (or decodes)
+                self._raise_if_stale()
                 raise EngineError(str(e) if self._engines else "no engine registered") from e
             spec = self._engines[eid][1]
             parser = self._infos[eid].tool_parser if eid in self._infos else "hermes"
@@ -299,11 +309,19 @@ class Fleet:
         try:
             pid, eid = self.policy.route(trajectory_id, self._available(tokenizer), self._roles)
         except NoEngine as e:
+            self._raise_if_stale()
             why = f" (the last attempt: {last})" if last is not None else ""  # what took the others out
             raise EngineError(f"no engine available for tokenizer {tokenizer!r}{why}") from (last or e)
         if pid != eid and self._roles.get(pid) is Role.mixed and not self._hands_over(pid, eid):
             return pid, pid  # a crowded mixed engine's decode moves only where KV can follow it
         return pid, eid
+
+    def _raise_if_stale(self) -> None:
+        """No engine to route to while some restarted without their pushed weights: ours, not the
+        trajectory's (EngineLost: restarted, uncharged, once a gateway loaded them again)."""
+        if self._stale:
+            raise EngineLost(f"engines {', '.join(sorted(self._stale))} restarted: their pushed weights are "
+                             "being loaded again")
 
     def _hands_over(self, pid: str, eid: str) -> bool:
         """Both engines' KV connectors are known to allow a split turn (prefill here, decode there)."""

@@ -47,9 +47,11 @@ K8S_VERSIONS = ["1.30.0", "1.37.0"]  # oldest we support, newest the package shi
 # ---- what the code offers: subcommands, settings, routes ----
 
 def allowed_env() -> set[str]:
-    """`ROLLOUT_*` names the code reads: Settings fields plus the CLI's own (URL, API key)."""
+    """`ROLLOUT_*` names the code reads: Settings fields plus the CLI's own (URL, API key; the
+    URL's default is config.py's, beside the settings)."""
     names = {f"ROLLOUT_{f.upper()}" for f in Settings.__dataclass_fields__}
-    cli_src = "".join(f.read_text() for f in sorted((ROOT / "rollout_service" / "cli").glob("*.py")))
+    cli_src = "".join(f.read_text() for f in [*sorted((ROOT / "rollout_service" / "cli").glob("*.py")),
+                                              ROOT / "rollout_service" / "config.py"])
     return names | set(re.findall(r'os\.environ\.get\("(ROLLOUT_\w+)"', cli_src))
 
 

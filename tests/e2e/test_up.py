@@ -165,9 +165,12 @@ def test_a_part_alive_but_not_answering_is_restarted(tmp_path):
 
 def test_an_engine_killed_after_a_weight_push_comes_back_with_the_pushed_weights(tmp_path):
     """`kill -9` of the engine after `update_weights`: `rollout up` restarts it with its launch
-    weights. Its turns used to carry the pushed version anyway. Now the gateway loads the pushed
-    weights into it again before any turn runs there: the same seeded batch samples the same
-    tokens after the restart as before it, under the same version."""
+    weights, and its turns carried the pushed version anyway, for good. Now the gateway sees the
+    restart and loads the pushed weights into it again: the same seeded batch samples the same
+    tokens after the restart as before it, under the same version. (The simulated engine is back
+    within a second, before a worker's probe could find it down: until the gateway's reload, or a
+    worker's periodic check, turns may run on it. A vLLM server loads its model for longer than a
+    probe's period, and no turn runs on it until the reload: `test_fleet`.)"""
     proc, url = start_up(tmp_path, {}, "--engine", "sim", "--sim-time-scale", "0")
     try:
         def sampled(c: RolloutClient) -> dict:
@@ -182,12 +185,15 @@ def test_an_engine_killed_after_a_weight_push_comes_back_with_the_pushed_weights
             c.update_weights(path="/ckpt/step-1")
             pushed = sampled(c)
             assert pushed != launched and all(v == {1} for _, v in pushed.values())
+            loaded_at = c.engines()[0]["weights"]["engine_started_at"]
             engine = [p for p in psutil.Process(proc.pid).children(recursive=True) if "sim-engine" in p.cmdline()][0]
             engine.kill()
             deadline = time.monotonic() + 60
-            while "restart #1" not in (tmp_path / "up.log").read_text():
+            while (c.engines()[0]["weights"] or {}).get("engine_started_at") == loaded_at:
                 assert time.monotonic() < deadline, (tmp_path / "up.log").read_text()
                 time.sleep(0.2)
+            assert "restart #1" in (tmp_path / "up.log").read_text()
+            assert c.engines()[0]["policy_version"] == 1
             assert sampled(c) == pushed
     finally:
         stop_up(proc)

@@ -409,6 +409,11 @@ async def test_an_engine_restarted_after_a_weight_push_runs_no_turn_until_its_we
         proc, _ = start_sim(time_scale=0, port=int(url.rsplit(":", 1)[1]))
         await fleet.probe()  # up and answering, but with its launch weights
         assert "e0" in fleet.down and (await reg.engine("e0")).policy_version == 1
+        # not even as the last engine left (a down one is tried when all are): no turn, uncharged
+        from rollout_service.engines.base import EngineLost
+        with pytest.raises(EngineLost, match="restarted"):
+            await fleet.chat_for("t-1")
+        assert not fleet.serves_turns()  # (a worker claims nothing meanwhile)
 
         keeper = WeightKeeper(reg, keys)
         assert await keeper.once() == ["e0"]
