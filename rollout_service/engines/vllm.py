@@ -31,7 +31,7 @@ from rollout_service.engines.capabilities import Capabilities, from_kv_config, u
 from wire import EngineInfo
 
 
-RESUME_TRIES = 4
+RESUME_TRIES = 4  # asks for `/resume` after a weight update, 0.2 s apart, doubling
 _START = re.compile(r"^process_start_time_seconds ([0-9.e+]+)$", re.M)
 
 
@@ -293,7 +293,8 @@ class VLLMEngine:
                 return None
             except EngineError as e:
                 why = str(e)
-                await asyncio.sleep(0.2 * 2 ** attempt)
+                if attempt + 1 < RESUME_TRIES:
+                    await asyncio.sleep(0.2 * 2 ** attempt)
         return why
 
     async def capabilities(self) -> Capabilities:
