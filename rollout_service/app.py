@@ -60,12 +60,14 @@ def create_app(settings: Settings | None = None, redis: aioredis.Redis | None = 
             await app.state.api_keys.add(settings.admin_key, Principal("admin", admin=True))
         sweeper = asyncio.create_task(_sweep_forever(Retention(r, keys, results, settings.result_retention_s),
                                                      settings.retention_sweep_s))
-        keeper = asyncio.create_task(WeightKeeper(app.state.registry, keys).run())
+        keeper_fleet = Fleet(registry=app.state.registry)  # (probed by the keeper alone)
+        keeper = asyncio.create_task(WeightKeeper(app.state.registry, keys, keeper_fleet).run())
         yield
         sweeper.cancel()
         keeper.cancel()
         await asyncio.gather(sweeper, keeper, return_exceptions=True)
         await app.state.sessions.fleet.aclose()
+        await keeper_fleet.aclose()
         await app.state.env_names.aclose()
         if redis is None:
             await r.aclose()

@@ -82,10 +82,10 @@ from wire.sessions import (
 __all__ = [
     "MAX_GROUP_SIZE", "MAX_TOKENS_PER_TURN", "MAX_TURNS", "TERMINAL_STATES", "USABLE_STATES", "ApiError",
     "ApiKeyCreate", "ApiKeyCreated", "BatchCreated", "BatchState", "BatchStatus", "BatchTotals",
-    "ChatCompletionRequest", "ChatMessageIn", "Conflict", "EngineInfo", "EngineRoleUpdate", "EngineStatus", "LoadedWeights",
+    "ChatCompletionRequest", "ChatMessageIn", "Conflict", "EngineInfo", "EngineRoleUpdate", "EngineStatus",
     "EngineUpdateResult", "EnvAction", "EnvOpen",
     "EnvOpened", "EnvStepped", "ErrorBody", "ErrorResponse", "Failure", "FailureKind", "FunctionCall", "GroupStatus",
-    "Input", "Int", "Message", "NotFound", "Overloaded", "PackedTrajectory", "PackedTurn", "TrainingArrays", "RecordedStep", "RecordedTrajectory", "RecordingHeader",
+    "Input", "Int", "LoadedWeights", "Message", "NotFound", "Overloaded", "PackedTrajectory", "PackedTurn", "TrainingArrays", "RecordedStep", "RecordedTrajectory", "RecordingHeader",
     "ResponsesRequest", "RolloutRequest", "Sample",
     "SamplingParams", "Seed", "SessionCreate", "SessionCreated", "SessionFinish", "StateRules", "ToolCall", "ToolDef",
     "Trajectory", "TrajectoryEvent", "TrajectoryPage", "TrajectoryState", "Turn", "TurnTimings", "Version",

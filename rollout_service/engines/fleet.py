@@ -33,7 +33,6 @@ from rollout_service.engines.base import (Engine, EngineError, EngineLost, Engin
                                           GenerateResult, TokenDelta)
 from rollout_service.engines.kinds import make_engine
 from rollout_service.tokens import Tokenizer, load_tokenizer, loaded_tokenizer
-from rollout_service.weights import restarted, started_at
 from scheduler.registry import Registry
 from scheduler.roles import Role
 from scheduler.router import NoEngine, RoleAware, RoutingPolicy
@@ -50,6 +49,20 @@ WEIGHTS_CHECK_S = 10.0
 # process that probes (a rollout worker, every 2 s) finds a dead engine down again at each probe;
 # one that does not (the gateway's session proxy) gave up on an engine for good after one failure.
 DOWN_S = 10.0
+
+
+async def started_at(engine: Engine) -> float | None:
+    """The engine process's start time, where its kind can tell (None otherwise)."""
+    ask = getattr(engine, "started_at", None)
+    return await ask() if ask is not None else None
+
+
+def restarted(info: EngineInfo, started: float | None) -> bool:
+    """Whether the engine's process started after its last weight update loaded: it no longer
+    holds those weights. False where either start time is unknown (nothing to compare)."""
+    w = info.weights
+    return w is not None and w.engine_started_at is not None and started is not None and \
+        started > w.engine_started_at
 
 
 class Fleet:
@@ -141,6 +154,11 @@ class Fleet:
         on an engine that restarted without its pushed weights: `_holds_weights`)."""
         roles = [self._roles[e] for e in self._engines if e in self._roles and e not in self._stale]
         return any(r.prefills for r in roles) and any(r.decodes for r in roles)
+
+    @property
+    def stale(self) -> frozenset[str]:
+        """Engines the last probes found restarted without their pushed weights (`_holds_weights`)."""
+        return frozenset(self._stale)
 
     @property
     def roles(self) -> dict[str, Role]:

@@ -415,7 +415,7 @@ async def test_an_engine_restarted_after_a_weight_push_runs_no_turn_until_its_we
             await fleet.chat_for("t-1")
         assert not fleet.serves_turns()  # (a worker claims nothing meanwhile)
 
-        keeper = WeightKeeper(reg, keys)
+        keeper = WeightKeeper(reg, keys, gateway_fleet := Fleet(registry=reg, refresh_s=0))
         assert await keeper.once() == ["e0"]
         info = await reg.engine("e0")
         assert info.policy_version == 1 and info.weights.path == "/ckpt/step-1"
@@ -424,7 +424,7 @@ async def test_an_engine_restarted_after_a_weight_push_runs_no_turn_until_its_we
         assert not fleet.down
         assert await sampled() == (pushed, 1)
         assert await keeper.once() == []  # nothing more to do
-        await keeper.aclose()
+        await gateway_fleet.aclose()
     finally:
         proc.kill()
         proc.wait()
